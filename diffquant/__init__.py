@@ -1,0 +1,16 @@
+"""diffquant: do Differential Transformers have fewer activation outliers and survive low-bit quantization better?"""
+
+import logging
+
+from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from .config import ModelConfig
+from .model import LM, build_model, num_params
+from .probes import Probe, hooked, probes
+
+__version__ = "0.1.0"
+logging.getLogger(__name__).addHandler(logging.NullHandler())
+
+__all__ = [
+    "CheckpointError", "LM", "ModelConfig", "Probe", "build_model", "hooked", "load_checkpoint", "num_params",
+    "probes", "save_checkpoint",
+]

@@ -1,0 +1,168 @@
+"""Model configuration: one frozen dataclass shared by the Transformer and the Differential Transformer.
+
+For ``arch="diff"``, ``n_heads`` counts differential heads: each has two query/key sub-heads of ``head_dim``
+and a value of ``2 * head_dim``, so a Diff model with ``n_heads = H/2`` has exactly the projection shapes of
+a Transformer with ``H`` heads of the same ``head_dim`` (the paper's parameter matching).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+ARCHS = ("transformer", "diff")
+ATTN_IMPLS = ("eager", "sdpa", "flash")
+
+
+def default_ffn_dim(d_model: int) -> int:
+    """SwiGLU hidden size ≈ 8/3·d_model, rounded to the nearest multiple of 64 (LLaMA layout)."""
+    return max(64, 64 * round(8 * d_model / 3 / 64))
+
+
+def lambda_init_for_layer(layer: int) -> float:
+    """The paper's λ_init schedule, with ``layer`` the 0-based layer index."""
+    return 0.8 - 0.6 * math.exp(-0.3 * layer)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    arch: str = "transformer"
+    vocab_size: int = 8192
+    d_model: int = 256
+    n_layers: int = 4
+    n_heads: int = 8
+    n_kv_heads: int | None = None  # grouped-query attention; None means n_heads
+    head_dim: int | None = None  # None: d_model // n_heads (// 2 more for diff)
+    ffn_dim: int | None = None  # None: default_ffn_dim(d_model)
+    max_seq_len: int = 256
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = True
+    attn_impl: str = "eager"
+
+    def __post_init__(self):
+        if self.arch not in ARCHS:
+            raise ValueError(f"unknown arch {self.arch!r}; expected one of {', '.join(ARCHS)}")
+        if self.attn_impl not in ATTN_IMPLS:
+            raise ValueError(f"unknown attn_impl {self.attn_impl!r}; expected one of {', '.join(ATTN_IMPLS)}")
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "max_seq_len"):
+            _require_positive(name, getattr(self, name))
+        for name in ("n_kv_heads", "head_dim", "ffn_dim"):
+            if getattr(self, name) is not None:
+                _require_positive(name, getattr(self, name))
+        if self.rope_theta <= 0 or self.norm_eps <= 0:
+            raise ValueError("rope_theta and norm_eps must be positive")
+        sub = self.sub_heads_per_head
+        if self.head_dim is None and self.d_model % (self.n_heads * sub):
+            raise ValueError(
+                f"d_model {self.d_model} is not divisible by {self.n_heads * sub} "
+                f"({self.n_heads} heads x {sub} sub-heads); set head_dim explicitly"
+            )
+        if self.n_heads % self.kv_heads:
+            raise ValueError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.kv_heads}")
+        if self.dim_head % 2:
+            raise ValueError(f"head_dim {self.dim_head} must be even for RoPE")
+
+    # Derived sizes (properties so they never disagree with the stored fields).
+    @property
+    def sub_heads_per_head(self) -> int:
+        return 2 if self.arch == "diff" else 1
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads or self.n_heads
+
+    @property
+    def dim_head(self) -> int:
+        return self.head_dim or self.d_model // (self.n_heads * self.sub_heads_per_head)
+
+    @property
+    def dim_ffn(self) -> int:
+        return self.ffn_dim or default_ffn_dim(self.d_model)
+
+    @property
+    def q_dim(self) -> int:
+        """Width of q_proj's output (= v_proj and out_proj width for kv_heads == n_heads)."""
+        return self.n_heads * self.sub_heads_per_head * self.dim_head
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * self.sub_heads_per_head * self.dim_head
+
+    def matched(self, arch: str) -> "ModelConfig":
+        """The parameter-matched partner: Diff has half the heads of the Transformer, same head_dim."""
+        if arch not in ARCHS:
+            raise ValueError(f"unknown arch {arch!r}; expected one of {', '.join(ARCHS)}")
+        if arch == self.arch:
+            return self
+        if arch == "diff":
+            if self.n_heads % 2 or self.kv_heads % 2:
+                raise ValueError(
+                    f"a Diff partner needs an even number of heads and kv heads, got {self.n_heads}/{self.kv_heads}"
+                )
+            heads, kv = self.n_heads // 2, self.kv_heads // 2
+        else:
+            heads, kv = self.n_heads * 2, self.kv_heads * 2
+        return dataclasses.replace(
+            self, arch=arch, n_heads=heads, n_kv_heads=None if self.n_kv_heads is None else kv,
+            head_dim=self.head_dim,  # the defaults agree: d_model // (H·s) is the same for both
+        )
+
+    # JSON round trip.
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_json(self, path: str | Path | None = None) -> str:
+        text = json.dumps(self.to_dict(), indent=2, sort_keys=True)
+        if path is not None:
+            Path(path).write_text(text + "\n")
+        return text
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ModelConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown config fields: {', '.join(unknown)}")
+        return cls(**data)
+
+    @classmethod
+    def from_json(cls, text_or_path: str | Path) -> "ModelConfig":
+        text = str(text_or_path)
+        if not text.lstrip().startswith("{"):
+            text = Path(text_or_path).read_text()
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"config is not valid JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise ValueError("config JSON must be an object")
+        return cls.from_dict(data)
+
+    @classmethod
+    def preset(cls, name: str, arch: str = "transformer", **overrides) -> "ModelConfig":
+        """Presets are defined for the Transformer; the Diff preset is its matched partner."""
+        if name not in PRESETS:
+            raise ValueError(f"unknown preset {name!r}; expected one of {', '.join(PRESETS)}")
+        base = cls(arch="transformer", **PRESETS[name])
+        cfg = base.matched(arch)
+        return dataclasses.replace(cfg, **overrides) if overrides else cfg
+
+
+def _require_positive(name: str, value) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+# Transformer presets; the Diff partner halves n_heads (and n_kv_heads) at the same head_dim.
+PRESETS: dict[str, dict] = {
+    # unit tests: tiny and fast
+    "tiny": dict(vocab_size=128, d_model=64, n_layers=2, n_heads=4, max_seq_len=128),
+    # the CPU pair: ≈ 5.3M parameters (2.1M of them in the tied embedding), context 256
+    "small": dict(vocab_size=8192, d_model=256, n_layers=4, n_heads=8, max_seq_len=256),
+    # the GPU pair: ≈ 119M parameters, context 1024
+    "base": dict(vocab_size=8192, d_model=768, n_layers=16, n_heads=12, max_seq_len=1024),
+}

@@ -1,0 +1,283 @@
+"""The two models: a LLaMA-style Transformer and the Differential Transformer (arXiv 2410.05258).
+
+Both are decoder-only, pre-RMSNorm, SwiGLU, RoPE, no biases. They differ only in the attention:
+
+* Transformer: ``softmax(Q Kᵀ/√d) V`` per head.
+* Diff: each head has two query/key sub-heads (Q1, Q2, K1, K2, each of ``head_dim``) and one value of
+  ``2·head_dim``; ``(softmax(Q1K1ᵀ/√d) − λ·softmax(Q2K2ᵀ/√d))·V`` then a per-head RMSNorm(2d) and a factor
+  ``1 − λ_init``. Sub-heads are interleaved as in the official code (sub-head 2i = Q1 of head i,
+  2i+1 = Q2), which makes q_proj/k_proj/v_proj/out_proj the same shapes as the Transformer's with twice the
+  heads.
+
+Attention runs as ``eager`` (materialises the logits; the only path probes can observe), ``sdpa`` or
+``flash``; all three give the same outputs. Every intermediate that users study passes through a ``Probe``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ATTN_IMPLS, ModelConfig, lambda_init_for_layer
+from .probes import Probe
+
+INIT_STD = 0.02
+LAMBDA_STD = 0.1
+
+
+def _wide(x: torch.Tensor) -> torch.Tensor:
+    """x in float32, or wider if it already is (so float64 reference runs stay float64)."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xw = _wide(x)
+        normed = xw * torch.rsqrt(xw.pow(2).mean(-1, keepdim=True) + self.eps)
+        return normed.type_as(x) * self.weight
+
+
+def rope_cos_sin(seq_len: int, head_dim: int, theta: float, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of the rotation angles, (T, head_dim/2), in float64 (cast where used)."""
+    inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64, device=device) / head_dim)
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float64, device=device), inv_freq)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate interleaved pairs (x[2i], x[2i+1]) of x (..., T, d), as the official code (interleaved=True)."""
+    xw = _wide(x)
+    cos, sin = cos.to(xw.dtype), sin.to(xw.dtype)
+    x1, x2 = xw[..., 0::2], xw[..., 1::2]
+    rotated = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)  # (..., T, d/2, 2)
+    return rotated.flatten(-2).type_as(x)
+
+
+def _repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """(B, K, ...) -> (B, K·n_rep, ...): each kv head serves n_rep consecutive query heads."""
+    return x if n_rep == 1 else x.repeat_interleave(n_rep, dim=1)
+
+
+class Attention(nn.Module):
+    """Standard or differential causal self-attention with GQA and three interchangeable kernels."""
+
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.is_diff = cfg.arch == "diff"
+        self.sub = cfg.sub_heads_per_head  # query/key sub-heads per head: 1 or 2
+        self.n_heads, self.n_kv, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.dim_head
+        self.n_rep = cfg.n_heads // cfg.kv_heads
+        self.impl = cfg.attn_impl
+        self.chunk: int | None = None  # eager only: process queries in chunks of this many (long inputs)
+        self.q_proj = nn.Linear(cfg.d_model, cfg.q_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.d_model, cfg.kv_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.d_model, cfg.kv_dim, bias=False)
+        self.out_proj = nn.Linear(cfg.q_dim, cfg.d_model, bias=False)
+        self.q, self.k = Probe("attn_q"), Probe("attn_k")
+        self.logits, self.probs = Probe("attn_logits"), Probe("attn_probs")
+        if self.is_diff:
+            self.lambda_init = lambda_init_for_layer(layer)
+            for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
+                setattr(self, name, nn.Parameter(torch.zeros(self.head_dim).normal_(0.0, LAMBDA_STD)))
+            self.subln = RMSNorm(2 * self.head_dim, eps=1e-5)
+            self.diff = Probe("attn_diff")
+
+    def lambda_full(self) -> torch.Tensor:
+        """λ = exp(λq1·λk1) − exp(λq2·λk2) + λ_init, one scalar for the layer, in float32 (or wider)."""
+        lam1 = torch.exp(_wide(torch.sum(self.lambda_q1 * self.lambda_k1)))
+        lam2 = torch.exp(_wide(torch.sum(self.lambda_q2 * self.lambda_k2)))
+        return lam1 - lam2 + self.lambda_init
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        s, d = self.sub, self.head_dim
+        q = self.q_proj(x).view(B, T, self.n_heads * s, d).transpose(1, 2)  # (B, H·s, T, d)
+        k = self.k_proj(x).view(B, T, self.n_kv * s, d).transpose(1, 2)  # (B, K·s, T, d)
+        v = self.v_proj(x).view(B, T, self.n_kv, s * d).transpose(1, 2)  # (B, K, T, s·d)
+        q = self.q(apply_rope(q, cos, sin))
+        k = self.k(apply_rope(k, cos, sin))
+        q = q.view(B, self.n_heads, s, T, d)  # (B, H, s, T, d): sub-heads 2i, 2i+1 -> head i, maps 0, 1
+        k = _repeat_kv(k.view(B, self.n_kv, s, T, d), self.n_rep)  # (B, H, s, T, d)
+        v = _repeat_kv(v, self.n_rep)  # (B, H, T, s·d)
+        if self.impl == "eager":
+            attn = self._eager(q, k, v)
+        else:
+            attn = self._fused(q, k, v)  # (B, H, T, s·d)
+        if self.is_diff:
+            attn = self.subln(attn) * (1 - self.lambda_init)
+        attn = attn.transpose(1, 2).reshape(B, T, self.n_heads * s * d)  # (B, T, H·s·d)
+        return self.out_proj(attn)
+
+    # -- eager: the observable path -------------------------------------------------------------------
+    def _eager(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        T = q.shape[-2]
+        step = self.chunk or T
+        outs = [self._eager_chunk(q[..., i:i + step, :], k, v, i) for i in range(0, T, step)]
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+
+    def _eager_chunk(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offset: int) -> torch.Tensor:
+        """Queries q_offset .. q_offset+C-1 against the keys they may see (so memory is O(C·T))."""
+        C = q.shape[-2]
+        S = q_offset + C
+        k, v = k[..., :S, :], v[..., :S, :]
+        scores = (q * self.head_dim ** -0.5) @ k.transpose(-1, -2)  # (B, H, s, C, S)
+        scores = self._probe_maps(self.logits, scores, q_offset)
+        keep = self.logits.causal_mask(scores, q_offset)
+        scores = scores.masked_fill(~keep, float("-inf"))
+        probs = F.softmax(_wide(scores), dim=-1).type_as(scores)
+        probs = self._probe_maps(self.probs, probs, q_offset)
+        if self.is_diff:
+            lam = self.lambda_full().to(probs.dtype)
+            attn_map = self.diff(probs[:, :, 0] - lam * probs[:, :, 1], q_offset)  # (B, H, C, S)
+        else:
+            attn_map = probs[:, :, 0]  # (B, H, C, S)
+        return attn_map @ v  # (B, H, C, s·d)
+
+    def _probe_maps(self, probe: Probe, maps: torch.Tensor, q_offset: int) -> torch.Tensor:
+        """Show (B, H, 2, T, S) for Diff and (B, H, T, S) for the Transformer, as the contract says."""
+        if self.is_diff:
+            return probe(maps, q_offset)
+        return probe(maps.squeeze(2), q_offset).unsqueeze(2)
+
+    # -- sdpa / flash: fused kernels that never materialise the logits ----------------------------------
+    def _fused(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        attend = _sdpa if self.impl == "sdpa" else _flash
+        outs = [attend(q[:, :, j], k[:, :, j], v, self.head_dim ** -0.5) for j in range(self.sub)]
+        if not self.is_diff:
+            return outs[0]
+        return outs[0] - self.lambda_full().to(outs[1].dtype) * outs[1]
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """softmax(q kᵀ·scale) v, causal; v may be wider than q and k (Diff: 2d), which sdpa supports."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+
+
+def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """flash-attn needs equal q/k/v widths: split a 2d-wide value into d-wide halves (official flashdiff_2)."""
+    flash_attn_func = _import_flash()
+    d = q.shape[-1]
+    halves = [v[..., i:i + d] for i in range(0, v.shape[-1], d)]
+    qt, kt = q.transpose(1, 2), k.transpose(1, 2)  # (B, T, H, d): flash-attn's layout
+    outs = [flash_attn_func(qt, kt, h.transpose(1, 2), causal=True, softmax_scale=scale) for h in halves]
+    return torch.cat(outs, dim=-1).transpose(1, 2)  # (B, H, T, v width)
+
+
+def _import_flash():
+    try:
+        from flash_attn import flash_attn_func
+    except ImportError:
+        raise RuntimeError(
+            "attn_impl='flash' needs the flash-attn package and a CUDA GPU: pip install 'diffquant[gpu]'"
+        ) from None
+    return flash_attn_func
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x)); the product is the probe ``mlp.act``."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.d_model, cfg.dim_ffn, bias=False)
+        self.up_proj = nn.Linear(cfg.d_model, cfg.dim_ffn, bias=False)
+        self.down_proj = nn.Linear(cfg.dim_ffn, cfg.d_model, bias=False)
+        self.act = Probe("mlp_act")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(F.silu(self.gate_proj(x)) * self.up_proj(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.attn = Attention(cfg, layer)
+        self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.mlp = MLP(cfg)
+        self.out = Probe("hidden")  # the residual stream after both residual adds
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        h = x + self.attn(self.attn_norm(x), cos, sin)
+        return self.out(h + self.mlp(self.mlp_norm(h)))
+
+
+class LM(nn.Module):
+    """Embedding, blocks, final RMSNorm, output head. ``forward(input_ids [B,T]) -> logits [B,T,V]``."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.config = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.head.weight = self.embed.weight
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        self._check_input(input_ids)
+        T = input_ids.shape[1]
+        cos, sin = rope_cos_sin(T, self.config.dim_head, self.config.rope_theta, input_ids.device)
+        x = self.embed(input_ids)
+        for block in self.layers:
+            x = block(x, cos, sin)
+        return self.head(self.norm(x))
+
+    def _check_input(self, input_ids: torch.Tensor) -> None:
+        if input_ids.ndim != 2 or input_ids.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"input_ids must be an integer tensor [B, T], got {tuple(input_ids.shape)} "
+                             f"{input_ids.dtype}")
+        T = input_ids.shape[1]
+        if T == 0 or T > self.config.max_seq_len:
+            raise ValueError(f"sequence length {T} is outside 1..{self.config.max_seq_len} (max_seq_len)")
+        lo, hi = int(input_ids.min()), int(input_ids.max())
+        if lo < 0 or hi >= self.config.vocab_size:
+            raise ValueError(f"token ids must lie in 0..{self.config.vocab_size - 1}, got {lo}..{hi}")
+
+    def set_attn_impl(self, impl: str, chunk: int | None = None) -> "LM":
+        """Switch every attention to ``impl`` in place (``chunk``: eager query-chunk size for long inputs)."""
+        if impl not in ATTN_IMPLS:
+            raise ValueError(f"unknown attn_impl {impl!r}; expected one of {', '.join(ATTN_IMPLS)}")
+        if impl == "flash":
+            _import_flash()
+        if chunk is not None and chunk <= 0:
+            raise ValueError(f"chunk must be positive, got {chunk}")
+        for block in self.layers:
+            block.attn.impl, block.attn.chunk = impl, chunk
+        self.config = dataclasses.replace(self.config, attn_impl=impl)
+        return self
+
+
+def _init_weights(model: LM) -> None:
+    """GPT-2 style: N(0, 0.02), residual output projections scaled by 1/√(2·n_layers); λ vectors keep N(0, 0.1)."""
+    resid_std = INIT_STD / math.sqrt(2 * model.config.n_layers)
+    for name, module in model.named_modules():
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            std = resid_std if name.endswith(("out_proj", "down_proj")) else INIT_STD
+            nn.init.normal_(module.weight, 0.0, std)
+
+
+def build_model(cfg: ModelConfig, seed: int | None = None) -> LM:
+    """A freshly initialised model (deterministic when ``seed`` is given)."""
+    if cfg.attn_impl == "flash":
+        _import_flash()
+    with torch.random.fork_rng(enabled=seed is not None):
+        if seed is not None:
+            torch.manual_seed(seed)
+        model = LM(cfg)
+        _init_weights(model)
+    return model
+
+
+def num_params(model: nn.Module) -> int:
+    """Parameter count, each shared (tied) tensor counted once."""
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,99 @@
+"""Probes: named places in the forward pass that observers read and quantizers rewrite.
+
+A ``Probe`` is an ``nn.Identity`` that the model calls on a tensor it computes (attention logits, hidden
+states, ...). Nothing is stored on the module: a forward hook sees the tensor as it flows, and a hook that
+returns a tensor replaces the value flowing on. ``hooked`` attaches hooks for the duration of a ``with``
+block and always removes them, also when the body raises.
+
+Attention tensors whose last two dims are (query, key) carry a causal mask; ``Probe.causal_mask`` gives the
+boolean mask of the entries that count (True = kept by the causal mask), taking the query offset of a
+query-chunked forward into account.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import torch
+from torch import nn
+
+KINDS = ("attn_q", "attn_k", "attn_logits", "attn_probs", "attn_diff", "mlp_act", "hidden")
+CAUSAL_KINDS = ("attn_logits", "attn_probs", "attn_diff")
+
+
+@dataclass(frozen=True)
+class ProbeCall:
+    """What a hook learns besides the tensor: which queries this call covers (chunked attention)."""
+
+    q_offset: int = 0
+
+
+class Probe(nn.Identity):
+    """An identity module marking a named tensor in the forward pass.
+
+    ``kind`` is one of ``KINDS``; ``causal`` tells that the last two dims are (query, key) positions under a
+    causal mask, so observers and quantizers must ignore the entries above the diagonal.
+    """
+
+    def __init__(self, kind: str):
+        super().__init__()
+        if kind not in KINDS:
+            raise ValueError(f"unknown probe kind {kind!r}")
+        self.kind = kind
+        self.causal = kind in CAUSAL_KINDS
+
+    def forward(self, x: torch.Tensor, q_offset: int = 0) -> torch.Tensor:  # noqa: ARG002 (read by hooks)
+        return x
+
+    def causal_mask(self, x: torch.Tensor, q_offset: int = 0) -> torch.Tensor | None:
+        """Boolean mask broadcastable to ``x`` (True = counts), or None for tensors without a causal mask."""
+        if not self.causal:
+            return None
+        t, s = x.shape[-2], x.shape[-1]
+        q_pos = torch.arange(q_offset, q_offset + t, device=x.device)[:, None]
+        k_pos = torch.arange(s, device=x.device)[None, :]
+        return (k_pos <= q_pos).view((1,) * (x.ndim - 2) + (t, s))
+
+    def extra_repr(self) -> str:
+        return f"kind={self.kind!r}"
+
+
+def probes(model: nn.Module, kinds: str | tuple[str, ...] | None = None) -> dict[str, Probe]:
+    """All probes of ``model`` by qualified name, e.g. ``layers.0.attn.logits``, optionally of some kinds."""
+    if isinstance(kinds, str):
+        kinds = (kinds,)
+    return {
+        name: mod for name, mod in model.named_modules()
+        if isinstance(mod, Probe) and (kinds is None or mod.kind in kinds)
+    }
+
+
+# hook(name, probe, tensor, call) -> None to observe, or a tensor to replace the value flowing on.
+ProbeHook = Callable[[str, Probe, torch.Tensor, ProbeCall], "torch.Tensor | None"]
+
+
+@contextmanager
+def hooked(
+    model: nn.Module, hook: ProbeHook, kinds: str | tuple[str, ...] | None = None,
+    select: Callable[[str, Probe], bool] | None = None,
+) -> Iterator[dict[str, Probe]]:
+    """Attach ``hook`` to the selected probes for the duration of the block; always detach it."""
+    chosen = {n: p for n, p in probes(model, kinds).items() if select is None or select(n, p)}
+    handles = []
+    try:
+        for name, probe in chosen.items():
+            handles.append(probe.register_forward_hook(_adapt(name, hook), with_kwargs=True))
+        yield chosen
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _adapt(name: str, hook: ProbeHook):
+    def forward_hook(module, args, kwargs, output):
+        q_offset = kwargs.get("q_offset", args[1] if len(args) > 1 else 0)
+        return hook(name, module, output, ProbeCall(q_offset=q_offset))
+
+    return forward_hook

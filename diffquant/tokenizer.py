@@ -1,0 +1,154 @@
+"""A thin tokenizer wrapper (HF ``tokenizer.json`` or SentencePiece ``.model``) and the project's BPE recipe.
+
+The shipped ``calib/tokenizer.json`` is byte-level BPE trained by :func:`train_tokenizer` on the train split
+(``experiments/train_tokenizer.py``). The recipe, fixed here so a retrain reproduces the file byte for byte:
+
+* model: BPE, no unknown token (byte level covers every input), no dropout;
+* normaliser: none (so decode(encode(text)) == text for any unicode text);
+* pre-tokenizer: ByteLevel(add_prefix_space=False, use_regex=True), i.e. GPT-2's split regex over bytes;
+* decoder: ByteLevel; no post-processor (BOS is added by :meth:`Tokenizer.encode` on request);
+* special tokens: ``<|endoftext|>`` only, id 0, used as BOS, EOS and document separator;
+* trainer: BpeTrainer(vocab_size=8192, min_frequency=2, initial_alphabet = the 256 ByteLevel symbols,
+  limit_alphabet=None, max_token_length=None, show_progress=False);
+* input: the train split's documents, one string each, in ``load_split("train")`` order;
+* single-threaded (TOKENIZERS_PARALLELISM=false while training), saved with ``save(path, pretty=True)``.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+SPECIAL_TOKEN = "<|endoftext|>"
+DEFAULT_VOCAB_SIZE = 8192
+MIN_FREQUENCY = 2
+TOKENIZER_FILE = "tokenizer.json"
+
+
+class Tokenizer:
+    """Same interface over an HF ``tokenizers.Tokenizer`` and a ``sentencepiece.SentencePieceProcessor``."""
+
+    def __init__(self, backend, kind: str, bos_id: int | None, eos_id: int | None, path: str | None = None):
+        self.backend = backend
+        self.kind = kind  # "hf" | "sentencepiece"
+        self.bos_id = bos_id
+        self.eos_id = eos_id
+        self.path = path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Tokenizer:
+        """An HF ``tokenizer.json`` or a SentencePiece ``.model`` file (chosen by content, then suffix)."""
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"tokenizer not found: {path}")
+        if path.suffix == ".json" or path.read_bytes()[:1] == b"{":
+            return cls.from_hf(_hf().Tokenizer.from_file(str(path)), str(path))
+        import sentencepiece as spm
+
+        sp = spm.SentencePieceProcessor(model_file=str(path))
+        return cls(sp, "sentencepiece", _nonneg(sp.bos_id()), _nonneg(sp.eos_id()), str(path))
+
+    @classmethod
+    def from_hf(cls, tok, path: str | None = None) -> Tokenizer:
+        """Wrap an in-memory ``tokenizers.Tokenizer``; BOS = EOS = ``<|endoftext|>`` when present."""
+        bos = tok.token_to_id(SPECIAL_TOKEN)
+        if bos is None:  # a foreign Llama-style tokenizer.json
+            bos, eos = tok.token_to_id("<s>"), tok.token_to_id("</s>")
+        else:
+            eos = bos
+        return cls(tok, "hf", bos, eos, path)
+
+    @property
+    def vocab_size(self) -> int:
+        if self.kind == "hf":
+            return self.backend.get_vocab_size(with_added_tokens=True)
+        return self.backend.get_piece_size()
+
+    def encode(self, text: str, bos: bool = False) -> list[int]:
+        ids = self._encode_one(text)
+        return [self.bos_id, *ids] if bos and self.bos_id is not None else ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Ids of each text, no BOS; the HF backend runs this on its thread pool (RAYON_NUM_THREADS)."""
+        if self.kind == "hf":
+            return [e.ids for e in self.backend.encode_batch(list(texts), add_special_tokens=False)]
+        return self.backend.encode(list(texts))
+
+    def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
+        ids = [int(i) for i in ids]
+        if self.kind == "hf":
+            return self.backend.decode(ids, skip_special_tokens=skip_special)
+        return self.backend.decode(ids)  # SentencePiece always drops control tokens
+
+    def _encode_one(self, text: str) -> list[int]:
+        if self.kind == "hf":
+            return self.backend.encode(text, add_special_tokens=False).ids
+        return self.backend.encode(text)
+
+    def __repr__(self) -> str:
+        return f"Tokenizer({self.kind}, vocab={self.vocab_size}, bos={self.bos_id}, eos={self.eos_id}, {self.path})"
+
+
+def _nonneg(i: int) -> int | None:
+    return i if i >= 0 else None
+
+
+def _hf():
+    import tokenizers
+
+    return tokenizers
+
+
+def default_tokenizer_path() -> Path:
+    from diffquant.data import calib_dir
+
+    return calib_dir() / TOKENIZER_FILE
+
+
+def default_tokenizer() -> Tokenizer:
+    """The project tokenizer shipped as ``calib/tokenizer.json``."""
+    return Tokenizer.load(default_tokenizer_path())
+
+
+@contextmanager
+def _single_threaded():
+    """tokenizers reads TOKENIZERS_PARALLELISM at each call: one thread keeps training reproducible."""
+    old = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["TOKENIZERS_PARALLELISM"]
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = old
+
+
+def bpe_skeleton():
+    """An untrained tokenizer with the project's model, pre-tokenizer and decoder (see module docstring)."""
+    tk = _hf()
+    tok = tk.Tokenizer(tk.models.BPE())
+    tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = tk.decoders.ByteLevel()
+    return tok
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int = DEFAULT_VOCAB_SIZE,
+                    min_frequency: int = MIN_FREQUENCY):
+    """Train byte-level BPE on ``texts`` (in the given order) with the recorded recipe.
+
+    Returns a ``tokenizers.Tokenizer``; save it with ``tok.save(path, pretty=True)``.
+    """
+    tk = _hf()
+    tok = bpe_skeleton()
+    trainer = tk.trainers.BpeTrainer(
+        vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=[SPECIAL_TOKEN],
+        initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    with _single_threaded():
+        tok.train_from_iterator(texts, trainer=trainer)
+    log.info("trained byte-level BPE: %d tokens", tok.get_vocab_size(with_added_tokens=True))
+    return tok

@@ -1,0 +1,304 @@
+"""Training: AdamW, warm-up then cosine/linear decay, clipping, optional bf16 autocast, resumable, logged.
+
+Both archs see **the same token order**: the windows of step ``s`` depend only on (seed, s), never on the
+model or on torch's global RNG, so a Transformer/Diff pair trained with one seed is a paired comparison and
+a resumed run draws exactly the batches an uninterrupted one would. There is no dropout, so with the model
+and optimizer state restored bit for bit a resume continues bit-identically.
+
+State is saved without pickle: the model as a checkpoint folder, AdamW's moments in safetensors and the
+scalars in JSON (``state/``). Ctrl-C saves that state before leaving.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from tqdm import tqdm
+
+from .checkpoint import atomic_dir, load_checkpoint, save_checkpoint
+from .config import ModelConfig
+from .model import LM, build_model, num_params
+
+log = logging.getLogger(__name__)
+
+STATE_DIR, FINAL_DIR, SNAPSHOT_DIR, LOG_FILE = "state", "final", "snapshots", "train_log.json"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    tokens: int  # training budget; steps = tokens // (batch_size · seq_len)
+    batch_size: int = 16
+    seq_len: int = 256
+    lr: float = 2e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 100
+    schedule: str = "cosine"  # "cosine" | "linear"
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    bf16: bool = False
+    device: str = "cpu"
+    seed: int = 0
+    eval_every: int = 250
+    eval_tokens: int = 65536
+    save_every: int = 100
+    snapshots: tuple[float, ...] = (0.1, 0.3, 1.0)  # fractions of the budget kept as fp16 checkpoints
+
+    def __post_init__(self):
+        if self.schedule not in ("cosine", "linear"):
+            raise ValueError(f"unknown schedule {self.schedule!r}; expected cosine or linear")
+        if self.tokens < self.batch_size * self.seq_len:
+            raise ValueError(f"token budget {self.tokens} is smaller than one batch "
+                             f"({self.batch_size} x {self.seq_len} = {self.batch_size * self.seq_len} tokens)")
+        if min(self.batch_size, self.seq_len, self.eval_every, self.save_every) <= 0:
+            raise ValueError("batch_size, seq_len, eval_every and save_every must be positive")
+
+    @property
+    def steps(self) -> int:
+        return self.tokens // (self.batch_size * self.seq_len)
+
+    def snapshot_steps(self) -> list[int]:
+        return sorted({max(1, round(f * self.steps)) for f in self.snapshots})
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warm-up to cfg.lr, then cosine or linear decay to cfg.lr · min_lr_ratio at the last step."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    decay = 0.5 * (1 + math.cos(math.pi * progress)) if cfg.schedule == "cosine" else 1 - progress
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * decay)
+
+
+def batch_at(data: np.ndarray, step: int, cfg: TrainConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random windows of seq_len+1 tokens, a function of (seed, step) only: identical for both archs."""
+    if len(data) <= cfg.seq_len + 1:
+        raise ValueError(f"training data has {len(data)} tokens, fewer than one window of {cfg.seq_len + 1}")
+    gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
+    starts = torch.randint(0, len(data) - cfg.seq_len - 1, (cfg.batch_size,), generator=gen).numpy()
+    windows = np.stack([data[s:s + cfg.seq_len + 1] for s in starts]).astype(np.int64)
+    xy = torch.from_numpy(windows)
+    return xy[:, :-1], xy[:, 1:]
+
+
+def eval_windows(data: np.ndarray, seq_len: int, max_tokens: int) -> torch.Tensor:
+    """Contiguous, non-overlapping windows of seq_len+1 tokens from the start of ``data`` (fixed)."""
+    n = min(max_tokens // seq_len, (len(data) - 1) // seq_len)
+    if n == 0:
+        raise ValueError(f"validation data has {len(data)} tokens, fewer than one window of {seq_len + 1}")
+    return torch.stack([torch.from_numpy(data[i * seq_len:(i + 1) * seq_len + 1].astype(np.int64))
+                        for i in range(n)])
+
+
+@torch.no_grad()
+def mean_loss(model: LM, windows: torch.Tensor, batch_size: int, device: str, bf16: bool = False) -> float:
+    """Mean next-token cross-entropy (nats/token) over the windows."""
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    for i in range(0, len(windows), batch_size):
+        w = windows[i:i + batch_size].to(device)
+        with _autocast(device, bf16):
+            logits = model(w[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), w[:, 1:].flatten(), reduction="sum")
+        total += loss.item()
+        count += w[:, 1:].numel()
+    model.train(was_training)
+    return total / count
+
+
+def _autocast(device: str, bf16: bool):
+    return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16, enabled=bf16)
+
+
+def make_optimizer(model: LM, cfg: TrainConfig) -> torch.optim.AdamW:
+    """AdamW; no weight decay on norms, λ vectors and embeddings (nor the tied head)."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():  # named_parameters yields a tied tensor once
+        skip = p.ndim < 2 or name.startswith("embed.") or "lambda_" in name
+        (no_decay if skip else decay).append(p)
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=1e-8, fused=False)
+
+
+# -- resumable state without pickle -----------------------------------------------------------------------
+
+def save_state(out: Path, model: LM, opt: torch.optim.AdamW, step: int, history: dict) -> None:
+    tensors = {}
+    for i, p in enumerate(q for g in opt.param_groups for q in g["params"]):
+        st = opt.state.get(p, {})
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            if key in st:
+                tensors[f"{i}.{key}"] = st[key].detach().cpu().contiguous()
+    with atomic_dir(out / STATE_DIR) as tmp:
+        save_checkpoint(model, tmp / "model")
+        save_file(tensors, str(tmp / "optimizer.safetensors"))
+        (tmp / "trainer.json").write_text(json.dumps({"step": step, "history": history}))
+
+
+def load_state(out: Path, device: str) -> tuple[LM, dict[str, torch.Tensor], int, dict]:
+    state = out / STATE_DIR
+    if not (state / "trainer.json").is_file():
+        raise FileNotFoundError(f"no resumable state in {out} (expected {state}/trainer.json)")
+    model = load_checkpoint(state / "model", device=device).train()
+    moments = load_file(str(state / "optimizer.safetensors"), device=device)
+    meta = json.loads((state / "trainer.json").read_text())
+    return model, moments, meta["step"], meta["history"]
+
+
+def restore_optimizer(opt: torch.optim.AdamW, moments: dict[str, torch.Tensor]) -> None:
+    for i, p in enumerate(q for g in opt.param_groups for q in g["params"]):
+        if f"{i}.exp_avg" in moments:
+            opt.state[p] = {k: moments[f"{i}.{k}"].clone() for k in ("step", "exp_avg", "exp_avg_sq")}
+
+
+# -- the loop ---------------------------------------------------------------------------------------------
+
+def train(
+    model_cfg: ModelConfig, cfg: TrainConfig, out: str | Path, train_data: np.ndarray, val_data: np.ndarray,
+    resume: bool = False, init_from: str | Path | None = None, provenance: dict | None = None,
+) -> dict:
+    """Train into ``out`` (state/, snapshots/, final/, train_log.json) and return the log as a dict.
+
+    ``resume`` continues the run saved in ``out/state``; ``init_from`` starts a new run from the weights of
+    a checkpoint (e.g. a shipped model, to train it further).
+    """
+    out = Path(out)
+    device = cfg.device
+    if resume:
+        model, moments, start, history = load_state(out, device)
+        if dataclasses.replace(model.config, attn_impl="eager") != dataclasses.replace(model_cfg, attn_impl="eager"):
+            raise ValueError(f"{out}/state holds a different model config than the one requested")
+    else:
+        if out.exists() and any(out.iterdir()):
+            raise FileExistsError(f"{out} is not empty; pass resume=True (--resume) to continue that run")
+        model = (load_checkpoint(init_from, device=device) if init_from else build_model(model_cfg, seed=cfg.seed))
+        model.to(device).train()
+        moments, start = None, 0
+        history = {"train_loss": [], "val": [], "wall_s": 0.0}
+    opt = make_optimizer(model, cfg)
+    if moments:
+        restore_optimizer(opt, moments)
+    val = eval_windows(val_data, cfg.seq_len, cfg.eval_tokens)
+    log_base = _log_header(model, cfg, out, train_data, val_data, init_from, provenance)
+    t_start, wall_before = time.time(), history["wall_s"]
+    step = start
+    bar = tqdm(total=cfg.steps, initial=start, desc=f"train {model.config.arch}", mininterval=5, dynamic_ncols=True)
+    try:
+        for step in range(start, cfg.steps):
+            loss = _train_step(model, opt, cfg, train_data, step)
+            history["train_loss"].append(round(loss, 6))
+            done = step + 1
+            elapsed = wall_before + time.time() - t_start
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{(done - start) * cfg.batch_size * cfg.seq_len / max(1e-9, time.time() - t_start):.0f}")
+            if done % cfg.eval_every == 0 or done == cfg.steps:
+                vloss = mean_loss(model, val, cfg.batch_size, device, cfg.bf16)
+                history["val"].append({"step": done, "tokens": done * cfg.batch_size * cfg.seq_len, "loss": vloss})
+                log.info("step %d: train %.4f, validation %.4f", done, loss, vloss)
+            if done in cfg.snapshot_steps():
+                snap = out / SNAPSHOT_DIR / f"step{done:06d}"
+                save_checkpoint(model, snap, overwrite=True, dtype=torch.float16,
+                                metadata={"step": str(done), "tokens": str(done * cfg.batch_size * cfg.seq_len)})
+            if done % cfg.save_every == 0 or done == cfg.steps:
+                history["wall_s"] = elapsed
+                save_state(out, model, opt, done, history)
+                _write_log(out, log_base, history, done)
+    except KeyboardInterrupt:
+        history["wall_s"] = wall_before + time.time() - t_start
+        done = len(history["train_loss"])
+        save_state(out, model, opt, done, history)
+        _write_log(out, log_base, history, done)
+        log.warning("interrupted at step %d; resumable state saved in %s", done, out / STATE_DIR)
+        raise
+    finally:
+        bar.close()
+    save_checkpoint(model, out / FINAL_DIR, overwrite=True, dtype=torch.float16,
+                    metadata={"step": str(cfg.steps), "tokens": str(cfg.steps * cfg.batch_size * cfg.seq_len)})
+    return _write_log(out, log_base, history, cfg.steps)
+
+
+def _train_step(model: LM, opt: torch.optim.AdamW, cfg: TrainConfig, data: np.ndarray, step: int) -> float:
+    x, y = batch_at(data, step, cfg)
+    x, y = x.to(cfg.device), y.to(cfg.device)
+    for group in opt.param_groups:
+        group["lr"] = lr_at(step, cfg)
+    with _autocast(cfg.device, cfg.bf16):
+        logits = model(x)
+    loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+    if not torch.isfinite(loss):
+        raise RuntimeError(f"training diverged at step {step}: loss is {loss.item()}")
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    opt.step()
+    return loss.item()
+
+
+def _log_header(model, cfg, out, train_data, val_data, init_from, provenance) -> dict:
+    return {
+        "model_config": model.config.to_dict(),
+        "train_config": dataclasses.asdict(cfg),
+        "parameters": num_params(model),
+        "seed": cfg.seed,
+        "init_from": str(init_from) if init_from else None,
+        "data": {
+            "train_tokens_sha256": hashlib.sha256(train_data.tobytes()).hexdigest(),
+            "val_tokens_sha256": hashlib.sha256(val_data.tobytes()).hexdigest(),
+            "train_tokens_available": int(len(train_data)),
+            **(provenance or {}),
+        },
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "out": str(out),
+    }
+
+
+def _write_log(out: Path, base: dict, history: dict, step: int) -> dict:
+    record = {**base, "step": step, "tokens_seen": step * base["train_config"]["batch_size"]
+              * base["train_config"]["seq_len"], "history": history}
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / f".{LOG_FILE}.tmp{os.getpid()}"
+    tmp.write_text(json.dumps(record, indent=1))
+    os.replace(tmp, out / LOG_FILE)
+    return record
+
+
+def split_tokens(split: str, tokenizer=None, cache_dir: str | Path | None = None) -> tuple[np.ndarray, dict]:
+    """Token ids of a calib split with the project tokenizer, cached as .npy keyed by text and tokenizer hashes."""
+    from .data import data_fingerprint, load_split
+    from .tokenizer import default_tokenizer
+
+    tokenizer = tokenizer or default_tokenizer()
+    docs = load_split(split)
+    tok_hash = hashlib.sha256(Path(tokenizer.path).read_bytes()).hexdigest() if tokenizer.path else "memory"
+    info = {f"{split}_text_sha256": data_fingerprint(docs), "tokenizer_sha256": tok_hash}
+    cache = Path(cache_dir or os.environ.get("DIFFQUANT_CACHE", Path.home() / ".cache" / "diffquant"))
+    path = cache / f"tokens-{split}-{info[f'{split}_text_sha256'][:16]}-{tok_hash[:16]}.npy"
+    if path.is_file():
+        return np.load(path, allow_pickle=False), info
+    ids = _encode(tokenizer, docs)
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}.npy")
+    np.save(tmp, ids, allow_pickle=False)
+    os.replace(tmp, path)
+    return ids, info
+
+
+def _encode(tokenizer, docs):
+    from .data import encode_documents
+
+    log.info("tokenising %d documents (cached afterwards)", len(docs))
+    return encode_documents(tokenizer, docs)

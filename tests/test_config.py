@@ -1,0 +1,76 @@
+import dataclasses
+import math
+
+import pytest
+
+from diffquant import ModelConfig, build_model, num_params
+from diffquant.config import default_ffn_dim, lambda_init_for_layer
+
+
+def test_lambda_init_schedule_matches_paper():
+    expected = [0.8 - 0.6 * math.exp(-0.3 * layer) for layer in range(3)]
+    assert [lambda_init_for_layer(i) for i in range(3)] == pytest.approx(expected, abs=0)
+    assert lambda_init_for_layer(0) == pytest.approx(0.2, abs=1e-15)
+    assert lambda_init_for_layer(1) == pytest.approx(0.35550907, abs=1e-8)
+    assert lambda_init_for_layer(2) == pytest.approx(0.47071302, abs=1e-8)
+
+
+@pytest.mark.parametrize("preset", ["tiny", "small", "base"])
+def test_matched_pairs_have_equal_projection_shapes_and_close_parameter_counts(preset):
+    tr = ModelConfig.preset(preset, arch="transformer")
+    diff = ModelConfig.preset(preset, arch="diff")
+    assert diff == tr.matched("diff") and diff.matched("transformer") == tr
+    assert diff.n_heads * 2 == tr.n_heads and diff.dim_head == tr.dim_head
+    assert (diff.q_dim, diff.kv_dim) == (tr.q_dim, tr.kv_dim)
+    if preset == "base":  # too big to build in a unit test; the shapes above decide the count
+        return
+    n_tr, n_diff = num_params(build_model(tr)), num_params(build_model(diff))
+    extra_per_layer = 4 * tr.dim_head + 2 * tr.dim_head  # λ vectors + subln weight
+    assert n_diff - n_tr == tr.n_layers * extra_per_layer
+    assert abs(n_diff - n_tr) / n_tr < 0.005
+
+
+def test_small_preset_size_is_in_the_cpu_budget():
+    n = num_params(build_model(ModelConfig.preset("small", arch="diff")))
+    assert 3e6 <= n <= 6e6
+
+
+def test_default_ffn_dim_is_eight_thirds_rounded_to_64():
+    assert default_ffn_dim(256) == 704 and default_ffn_dim(768) == 2048 and default_ffn_dim(64) == 192
+
+
+def test_json_round_trip(tmp_path):
+    cfg = ModelConfig.preset("small", arch="diff", n_kv_heads=2, attn_impl="sdpa")
+    assert ModelConfig.from_json(cfg.to_json()) == cfg
+    cfg.to_json(tmp_path / "c.json")
+    assert ModelConfig.from_json(tmp_path / "c.json") == cfg
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(arch="mamba"), "unknown arch"),
+    (dict(attn_impl="xformers"), "unknown attn_impl"),
+    (dict(d_model=30, n_heads=4), "not divisible"),
+    (dict(n_layers=0), "positive"),
+    (dict(vocab_size=-5), "positive"),
+    (dict(n_heads=4, n_kv_heads=3), "multiple of n_kv_heads"),
+    (dict(d_model=36, n_heads=4, arch="diff"), "not divisible"),
+    (dict(d_model=20, n_heads=4), "even for RoPE"),
+])
+def test_invalid_configs_raise_one_line_value_errors(bad, message):
+    with pytest.raises(ValueError, match=message) as info:
+        ModelConfig(**bad)
+    assert "\n" not in str(info.value)
+
+
+def test_odd_head_count_has_no_diff_partner():
+    with pytest.raises(ValueError, match="even number of heads"):
+        ModelConfig(d_model=48, n_heads=3).matched("diff")
+
+
+def test_unknown_preset_and_unknown_json_field():
+    with pytest.raises(ValueError, match="unknown preset"):
+        ModelConfig.preset("huge")
+    data = dataclasses.asdict(ModelConfig())
+    data["n_expert"] = 8
+    with pytest.raises(ValueError, match="unknown config fields: n_expert"):
+        ModelConfig.from_dict(data)
