@@ -1,0 +1,1 @@
+"""CLI sub-commands: each module here defines ``register(subparsers)`` and is found automatically."""
