@@ -1,0 +1,111 @@
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import diffquant.train as tr
+from diffquant import ModelConfig, load_checkpoint
+from diffquant.cli import main
+from diffquant.data import load_documents
+from diffquant.train import TrainConfig, batch_at, lr_at, train
+
+
+@pytest.fixture(scope="module")
+def shakespeare_bytes():
+    """Real text as byte-level token ids (< 128: the tiny preset's vocabulary)."""
+    text = load_documents("tinyshakespeare")[0].text[:200_000]
+    ids = np.frombuffer(text.encode("ascii", errors="ignore"), dtype=np.uint8).astype(np.uint16)
+    return ids[:180_000], ids[180_000:]
+
+
+def tiny_run(**overrides):
+    base = dict(tokens=30 * 8 * 32, batch_size=8, seq_len=32, lr=3e-3, warmup_steps=5, eval_every=10,
+                eval_tokens=2048, save_every=10, snapshots=(0.5, 1.0), seed=7)
+    base.update(overrides)
+    return TrainConfig(**base)
+
+
+def test_thirty_steps_lower_the_loss_and_write_everything(tmp_path, shakespeare_bytes, arch):
+    train_ids, val_ids = shakespeare_bytes
+    cfg = ModelConfig.preset("tiny", arch=arch, attn_impl="sdpa")
+    record = train(cfg, tiny_run(), tmp_path / "run", train_ids, val_ids)
+    losses = record["history"]["train_loss"]
+    assert len(losses) == 30
+    assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 0.5
+    val = record["history"]["val"]
+    assert [v["step"] for v in val] == [10, 20, 30] and val[-1]["loss"] < val[0]["loss"]
+    saved = json.loads((tmp_path / "run" / "train_log.json").read_text())
+    assert saved["history"]["train_loss"] == losses and saved["data"]["train_tokens_sha256"]
+    assert sorted(p.name for p in (tmp_path / "run" / "snapshots").iterdir()) == ["step000015", "step000030"]
+    final = load_checkpoint(tmp_path / "run" / "final")
+    assert final.config.arch == arch
+
+
+def test_resume_after_interrupt_is_bit_identical(tmp_path, shakespeare_bytes, monkeypatch):
+    train_ids, val_ids = shakespeare_bytes
+    cfg = ModelConfig.preset("tiny", arch="diff", attn_impl="sdpa")
+    run_cfg = tiny_run(tokens=16 * 8 * 32)
+    straight = train(cfg, run_cfg, tmp_path / "a", train_ids, val_ids)
+
+    real_step = tr._train_step
+
+    def interrupt_at_9(model, opt, cfg_, data, step):
+        if step == 9:
+            raise KeyboardInterrupt
+        return real_step(model, opt, cfg_, data, step)
+
+    monkeypatch.setattr(tr, "_train_step", interrupt_at_9)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, run_cfg, tmp_path / "b", train_ids, val_ids)
+    monkeypatch.setattr(tr, "_train_step", real_step)
+    resumed = train(cfg, run_cfg, tmp_path / "b", train_ids, val_ids, resume=True)
+    assert resumed["history"]["train_loss"] == straight["history"]["train_loss"]
+    a = tr.load_state(tmp_path / "a", "cpu")[0].state_dict()
+    b = tr.load_state(tmp_path / "b", "cpu")[0].state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_init_from_continues_from_given_weights(tmp_path, shakespeare_bytes):
+    train_ids, val_ids = shakespeare_bytes
+    cfg = ModelConfig.preset("tiny", attn_impl="sdpa")
+    first = train(cfg, tiny_run(), tmp_path / "a", train_ids, val_ids)
+    more = train(cfg, tiny_run(tokens=10 * 8 * 32, warmup_steps=1, lr=1e-3), tmp_path / "b", train_ids, val_ids,
+                 init_from=tmp_path / "a" / "final")
+    assert more["history"]["val"][0]["loss"] < first["history"]["val"][0]["loss"]
+    assert more["init_from"].endswith("final")
+
+
+def test_batches_depend_only_on_seed_and_step(shakespeare_bytes):
+    ids = shakespeare_bytes[0]
+    cfg = tiny_run()
+    x1, y1 = batch_at(ids, 3, cfg)
+    x2, _ = batch_at(ids, 3, cfg)
+    x3, _ = batch_at(ids, 4, cfg)
+    assert torch.equal(x1, x2) and not torch.equal(x1, x3)
+    assert torch.equal(x1[:, 1:], y1[:, :-1]) and x1.shape == (8, 32)
+
+
+def test_schedule_warms_up_then_decays_to_the_floor():
+    cfg = tiny_run(tokens=100 * 8 * 32, warmup_steps=10, lr=1.0, min_lr_ratio=0.1)
+    assert lr_at(0, cfg) == pytest.approx(0.1) and lr_at(9, cfg) == pytest.approx(1.0)
+    assert lr_at(99, cfg) == pytest.approx(0.1, abs=1e-3)
+    lin = tiny_run(tokens=100 * 8 * 32, warmup_steps=10, lr=1.0, schedule="linear")
+    assert lr_at(55, lin) == pytest.approx(0.1 + 0.9 * 0.5, abs=1e-2)
+
+
+def test_bad_inputs(tmp_path, shakespeare_bytes, capsys):
+    with pytest.raises(ValueError, match="smaller than one batch"):
+        TrainConfig(tokens=100, batch_size=8, seq_len=32)
+    with pytest.raises(ValueError, match="fewer than one window"):
+        batch_at(np.arange(10, dtype=np.uint16), 0, tiny_run())
+    train_ids, val_ids = shakespeare_bytes
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "x").write_text("keep me")
+    with pytest.raises(FileExistsError, match="not empty"):
+        train(ModelConfig.preset("tiny"), tiny_run(), tmp_path / "busy", train_ids, val_ids)
+    assert (tmp_path / "busy" / "x").read_text() == "keep me"
+    assert main(["train", "--arch", "diff", "--preset", "huge", "--tokens", "10000", "--out", str(tmp_path / "o")]) == 2
+    assert "unknown preset" in capsys.readouterr().err
+    assert main(["train", "--arch", "diff", "--preset", "tiny", "--tokens", "5", "--out", str(tmp_path / "o")]) == 2
+    assert "smaller than one batch" in capsys.readouterr().err
