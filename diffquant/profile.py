@@ -1,0 +1,266 @@
+"""Outlier profiling: run data through a model with exact streaming observers on its probes.
+
+``profile(model, batches)`` attaches one :class:`~diffquant.stats.SiteStats` per probe (per layer), streams
+every batch through the eager attention path under ``torch.no_grad()``, and pools the layers into one
+result per site kind — the paper's Table 5 protocol ("global": top-k and median over all values of all
+layers and tokens; causally masked logits never count; both Diff maps pooled). ``protocol="per_sequence"``
+is the massive-activations convention instead: top-k and median of each sequence, averaged over sequences.
+
+The top values come with their locations: layer, head, Diff map, sequence, query and key position for
+attention logits; layer, sequence, token position, token id and channel for hidden states.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from .probes import Probe, ProbeCall, hooked, probes
+from .stats import SiteStats
+from .tables import TABLE5_RANKS, outlier_table
+
+log = logging.getLogger(__name__)
+
+PROTOCOLS = ("global", "per_sequence")
+DEFAULT_SITES = ("attn_logits", "hidden")
+ATTN_SITES = ("attn_q", "attn_k", "attn_logits", "attn_probs", "attn_diff")
+
+
+def _layer_of(name: str) -> int:
+    """``layers.3.attn.logits`` -> 3 (our models and HF-style ``model.layers.3...`` names)."""
+    parts = name.split(".")
+    for i, part in enumerate(parts[:-1]):
+        if part in ("layers", "h", "blocks") and parts[i + 1].isdigit():
+            return int(parts[i + 1])
+    return -1
+
+
+@dataclass
+class _ProbeLog:
+    """Per-probe observer state: its stats and, for each update call, where the data came from."""
+
+    layer: int
+    kind: str
+    stats: SiteStats
+    calls: list[tuple[int, int]] = field(default_factory=list)  # (first sequence index, query offset)
+
+
+@dataclass
+class OutlierReport:
+    """Pooled per-site and per-layer results; ``to_json`` writes the documented schema."""
+
+    data: dict
+
+    @property
+    def sites(self) -> dict:
+        return self.data["sites"]
+
+    def to_json(self, path: str | Path | None = None) -> str:
+        text = json.dumps(self.data, indent=1)
+        if path is not None:
+            path = Path(path)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+            tmp.write_text(text)
+            os.replace(tmp, path)
+        return text
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> "OutlierReport":
+        return cls(json.loads(Path(path).read_text()))
+
+    def table(self, fmt: str = "github") -> str:
+        """Table 5 form: one row per site, Top-1/2/3/10/100 and median of |x|."""
+        return outlier_table({self.data.get("label", "model"): self.data}, fmt=fmt)
+
+
+class _Profiler:
+    def __init__(self, model: nn.Module, sites, topk: int, protocol: str, exact_median: bool):
+        self.protocol, self.topk, self.exact_median = protocol, topk, exact_median
+        self.selected = {n: p for n, p in probes(model, tuple(sites)).items()}
+        self.logs = {n: _ProbeLog(_layer_of(n), p.kind, self._new_stats(p)) for n, p in self.selected.items()}
+        self.seq_base = 0
+        self.tokens = 0
+        self.ids: list[torch.Tensor] = []
+        self.per_seq: dict[str, list[dict]] = {}  # kind -> one result per sequence
+        self._seq_stats: dict[str, list[SiteStats]] | None = None
+
+    def _new_stats(self, probe: Probe, topk: int | None = None) -> SiteStats:
+        channel_dim = -1 if probe.kind in ("hidden", "mlp_act") else None
+        return SiteStats(topk=topk or self.topk, exact_median=self.exact_median, channel_dim=channel_dim)
+
+    def hook(self, name: str, probe: Probe, x: torch.Tensor, call: ProbeCall) -> None:
+        entry = self.logs[name]
+        mask = probe.causal_mask(x, call.q_offset)
+        entry.stats.update(x.detach(), mask, tag=entry.layer)
+        entry.calls.append((self.seq_base, call.q_offset))
+        if self._seq_stats is not None:
+            for b, seq in enumerate(self._seq_stats[probe.kind]):
+                seq.update(x[b].detach(), None if mask is None else mask[0], tag=entry.layer)
+
+    def run_batch(self, model: nn.Module, ids: torch.Tensor) -> None:
+        if self.protocol == "per_sequence":
+            kinds = {p.kind for p in self.selected.values()}
+            self._seq_stats = {k: [SiteStats(topk=self.topk) for _ in range(ids.shape[0])] for k in kinds}
+        model(ids)
+        if self._seq_stats is not None:
+            for kind, seqs in self._seq_stats.items():
+                self.per_seq.setdefault(kind, []).extend(s.result() for s in seqs)
+        self.ids.append(ids.detach().cpu())
+        self.seq_base += ids.shape[0]
+        self.tokens += ids.numel()
+
+
+def profile(
+    model: nn.Module, batches: Iterable[torch.Tensor], sites: Iterable[str] = DEFAULT_SITES, topk: int = 100,
+    protocol: str = "global", exact_median: bool = False, chunk: int | None = None, n_locations: int = 20,
+    label: str | None = None, progress: bool = True,
+) -> OutlierReport:
+    """Profile |x| at the probes of the given kinds over ``batches`` (LongTensors [B, T]).
+
+    The model's outputs are never changed; attention runs eager (``chunk``: query-chunked for long inputs)
+    for the duration of the call and the model's own setting is restored afterwards.
+    ``exact_median`` makes fp32 medians exact with a second pass over the same batches.
+    """
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"unknown protocol {protocol!r}; expected one of {', '.join(PROTOCOLS)}")
+    sites = tuple(sites)
+    if not probes(model, sites):
+        raise ValueError(f"the model has no probes of kinds {', '.join(sites)}")
+    batches = list(batches)
+    if not batches:
+        raise ValueError("no data to profile: the batch list is empty")
+    prof = _Profiler(model, sites, topk, protocol, exact_median)
+    with _eager_attention(model, chunk), torch.no_grad(), hooked(model, prof.hook, kinds=sites):
+        for ids in tqdm(batches, desc=f"profile {label or ''}".strip(), disable=not progress, mininterval=2):
+            prof.run_batch(model, ids)
+    pooled = _pool_layers(prof)
+    if exact_median and any(e.stats.needs_exact_pass for e in prof.logs.values()):
+        _exact_pass(model, batches, prof, pooled, chunk, progress)
+    return OutlierReport(_assemble(model, prof, pooled, n_locations, label))
+
+
+def _pool_layers(prof: _Profiler) -> dict[str, tuple[SiteStats, list[tuple[int, int]]]]:
+    """Per kind: all layers' stats merged in layer order, with the matching concatenated call log."""
+    pooled = {}
+    for entry in sorted(prof.logs.values(), key=lambda e: e.layer):
+        stats, calls = pooled.setdefault(entry.kind, (SiteStats(topk=prof.topk, exact_median=prof.exact_median), []))
+        stats.merge(entry.stats)
+        calls.extend(entry.calls)
+    return pooled
+
+
+def _exact_pass(model, batches, prof: _Profiler, pooled, chunk, progress: bool) -> None:
+    """Second pass over the same data: exact fp32 quantiles per layer and pooled per site."""
+    layer_pass = {n: e.stats.exact_pass() for n, e in prof.logs.items()}
+    site_pass = {kind: stats.exact_pass() for kind, (stats, _) in pooled.items()}
+
+    def feed(name, probe, x, call):
+        mask = probe.causal_mask(x, call.q_offset)
+        layer_pass[name].update(x.detach(), mask)
+        site_pass[probe.kind].update(x.detach(), mask)
+
+    kinds = tuple(site_pass)
+    with _eager_attention(model, chunk), torch.no_grad(), hooked(model, feed, kinds=kinds):
+        for ids in tqdm(batches, desc="exact median pass", disable=not progress, mininterval=2):
+            model(ids)
+
+
+class _eager_attention:
+    """Switch attention modules to eager (optionally chunked) and restore their settings afterwards."""
+
+    def __init__(self, model: nn.Module, chunk: int | None):
+        self.model, self.chunk = model, chunk
+
+    def __enter__(self):
+        self.saved = [(m, m.impl, m.chunk) for m in self.model.modules() if hasattr(m, "impl") and hasattr(m, "chunk")]
+        for m, _, _ in self.saved:
+            m.impl, m.chunk = "eager", self.chunk
+        return self
+
+    def __exit__(self, *exc):
+        for m, impl, chunk in self.saved:
+            m.impl, m.chunk = impl, chunk
+
+
+# -- assembling the JSON record ---------------------------------------------------------------------------
+
+def _assemble(model: nn.Module, prof: _Profiler, pooled, n_locations: int, label: str | None) -> dict:
+    ids = torch.cat(prof.ids) if prof.ids else None
+    sites, layers = {}, {}
+    for entry in prof.logs.values():
+        layers.setdefault(entry.layer, {})[entry.kind] = _summary(entry.stats.result(), entry.calls, entry.kind,
+                                                                  ids, n_locations)
+    for kind, (stats, calls) in pooled.items():
+        sites[kind] = _summary(stats.result(), calls, kind, ids, n_locations)
+        if prof.protocol == "per_sequence":
+            sites[kind]["per_sequence"] = _average_sequences(prof.per_seq.get(kind, []))
+    cfg = getattr(model, "config", None)
+    return {
+        "label": label,
+        "protocol": prof.protocol,
+        "tokens": prof.tokens,
+        "sequences": prof.seq_base,
+        "model": cfg.to_dict() if hasattr(cfg, "to_dict") else {"class": type(model).__name__},
+        "sites": sites,
+        "layers": [{"layer": i, **layers[i]} for i in sorted(layers)],
+    }
+
+
+def _summary(res: dict, calls: list[tuple[int, int]], kind: str, ids, n_locations: int) -> dict:
+    out = {k: v for k, v in res.items() if k not in ("top_coords", "top_tags", "top_calls")}
+    out["table5"] = {f"top{r}": (res["top"][r - 1] if len(res["top"]) >= r else None) for r in TABLE5_RANKS}
+    tops = zip(res["top"], res["top_coords"], res["top_tags"], res["top_calls"])
+    out["locations"] = [_locate(kind, v, coords, tag, calls[call], ids) for v, coords, tag, call in
+                        list(tops)[:n_locations]]
+    return out
+
+
+def _locate(kind: str, value: float, coords: list[int], layer: int, call: tuple[int, int], ids) -> dict:
+    seq_base, q_offset = call
+    loc = {"value": value, "layer": layer, "sequence": seq_base + coords[0]}
+    if kind in ("attn_logits", "attn_probs", "attn_diff"):
+        loc["head"] = coords[1]
+        if len(coords) == 5:
+            loc["map"] = coords[2]  # 0 = Q1K1ᵀ, 1 = Q2K2ᵀ
+        loc["query"], loc["key"] = q_offset + coords[-2], coords[-1]
+    elif kind in ("hidden", "mlp_act"):
+        loc["position"], loc["channel"] = coords[1], coords[2]
+        if ids is not None:
+            loc["token_id"] = int(ids[loc["sequence"], loc["position"]])
+    else:  # q / k: (B, heads, T, d)
+        loc["head"], loc["position"], loc["channel"] = coords[1], coords[2], coords[3]
+    return loc
+
+
+def _average_sequences(results: list[dict]) -> dict:
+    """massive-activations' convention: each rank's value and the median averaged over sequences."""
+    if not results:
+        return {}
+    k = min(len(r["top"]) for r in results)
+    top = torch.tensor([r["top"][:k] for r in results], dtype=torch.float64).mean(0).tolist()
+    medians = [r["median"] for r in results if r["median"] is not None]
+    return {
+        "sequences": len(results),
+        "top": top,
+        "median": sum(medians) / len(medians) if medians else None,
+        "table5": {f"top{r}": (top[r - 1] if k >= r else None) for r in TABLE5_RANKS},
+    }
+
+
+def token_batches(ids, seq_len: int, batch_size: int, max_tokens: int | None = None) -> list[torch.Tensor]:
+    """Contiguous, non-overlapping windows of ``seq_len`` tokens from a 1-d id array, in batches."""
+    ids = torch.as_tensor(ids[: max_tokens] if max_tokens else ids).long()
+    n = len(ids) // seq_len
+    if n == 0:
+        raise ValueError(f"{len(ids)} tokens are fewer than one window of {seq_len}")
+    windows = ids[: n * seq_len].view(n, seq_len)
+    return list(windows.split(batch_size))
