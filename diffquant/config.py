@@ -92,7 +92,7 @@ class ModelConfig:
     def kv_dim(self) -> int:
         return self.kv_heads * self.sub_heads_per_head * self.dim_head
 
-    def matched(self, arch: str) -> "ModelConfig":
+    def matched(self, arch: str) -> ModelConfig:
         """The parameter-matched partner: Diff has half the heads of the Transformer, same head_dim."""
         if arch not in ARCHS:
             raise ValueError(f"unknown arch {arch!r}; expected one of {', '.join(ARCHS)}")
@@ -122,7 +122,7 @@ class ModelConfig:
         return text
 
     @classmethod
-    def from_dict(cls, data: dict) -> "ModelConfig":
+    def from_dict(cls, data: dict) -> ModelConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -130,7 +130,7 @@ class ModelConfig:
         return cls(**data)
 
     @classmethod
-    def from_json(cls, text_or_path: str | Path) -> "ModelConfig":
+    def from_json(cls, text_or_path: str | Path) -> ModelConfig:
         text = str(text_or_path)
         if not text.lstrip().startswith("{"):
             text = Path(text_or_path).read_text()
@@ -143,7 +143,7 @@ class ModelConfig:
         return cls.from_dict(data)
 
     @classmethod
-    def preset(cls, name: str, arch: str = "transformer", **overrides) -> "ModelConfig":
+    def preset(cls, name: str, arch: str = "transformer", **overrides) -> ModelConfig:
         """Presets are defined for the Transformer; the Diff preset is its matched partner."""
         if name not in PRESETS:
             raise ValueError(f"unknown preset {name!r}; expected one of {', '.join(PRESETS)}")

@@ -217,6 +217,11 @@ def load_split(split: str, calib: str | os.PathLike | None = None) -> list[Docum
     return chosen
 
 
+def documents(spec: str | os.PathLike) -> list[Document]:
+    """Documents named by a split ("train" / "validation" / "test"), a calib source, or a file path."""
+    return load_split(str(spec)) if str(spec) in SPLITS else load_documents(spec)
+
+
 def encode_documents(tokenizer, docs: Iterable[Document], bos: bool = True) -> np.ndarray:
     """Token ids of all documents, concatenated, each preceded by the tokenizer's BOS id.
 

@@ -243,7 +243,7 @@ class LM(nn.Module):
         if lo < 0 or hi >= self.config.vocab_size:
             raise ValueError(f"token ids must lie in 0..{self.config.vocab_size - 1}, got {lo}..{hi}")
 
-    def set_attn_impl(self, impl: str, chunk: int | None = None) -> "LM":
+    def set_attn_impl(self, impl: str, chunk: int | None = None) -> LM:
         """Switch every attention to ``impl`` in place (``chunk``: eager query-chunk size for long inputs)."""
         if impl not in ATTN_IMPLS:
             raise ValueError(f"unknown attn_impl {impl!r}; expected one of {', '.join(ATTN_IMPLS)}")

@@ -12,9 +12,9 @@ query-chunked forward into account.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 import torch
 from torch import nn
@@ -44,7 +44,7 @@ class Probe(nn.Identity):
         self.kind = kind
         self.causal = kind in CAUSAL_KINDS
 
-    def forward(self, x: torch.Tensor, q_offset: int = 0) -> torch.Tensor:  # noqa: ARG002 (read by hooks)
+    def forward(self, x: torch.Tensor, q_offset: int = 0) -> torch.Tensor:
         return x
 
     def causal_mask(self, x: torch.Tensor, q_offset: int = 0) -> torch.Tensor | None:

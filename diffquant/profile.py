@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from .io import atomic_write_text
 from .probes import Probe, ProbeCall, hooked, probes
 from .stats import SiteStats
 from .tables import TABLE5_RANKS, outlier_table
@@ -66,15 +66,11 @@ class OutlierReport:
     def to_json(self, path: str | Path | None = None) -> str:
         text = json.dumps(self.data, indent=1)
         if path is not None:
-            path = Path(path)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-            tmp.write_text(text)
-            os.replace(tmp, path)
+            atomic_write_text(path, text)
         return text
 
     @classmethod
-    def from_json(cls, path: str | Path) -> "OutlierReport":
+    def from_json(cls, path: str | Path) -> OutlierReport:
         return cls(json.loads(Path(path).read_text()))
 
     def table(self, fmt: str = "github") -> str:
@@ -201,6 +197,7 @@ def _assemble(model: nn.Module, prof: _Profiler, pooled, n_locations: int, label
                                                                   ids, n_locations)
     for kind, (stats, calls) in pooled.items():
         sites[kind] = _summary(stats.result(), calls, kind, ids, n_locations)
+        sites[kind]["log2_histogram"] = stats.hist.log2_histogram()
         if prof.protocol == "per_sequence":
             sites[kind]["per_sequence"] = _average_sequences(prof.per_seq.get(kind, []))
     cfg = getattr(model, "config", None)

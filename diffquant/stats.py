@@ -382,6 +382,22 @@ class Quantiles:
         """Lower median (rank (n-1)//2), as torch.median."""
         return self.quantile(0.5)
 
+    def log2_histogram(self) -> dict:
+        """Counts of |x| per octave [2**e, 2**(e+1)) (exact: bins never straddle a power of two), for plots."""
+        if self.count == 0:
+            return {"zero": 0, "exponents": [], "counts": []}
+        nz = self.hist.nonzero().squeeze(1)
+        if self.mode == "fp32":
+            edges = (nz.to(torch.int32) << _SHIFT32).view(torch.float32)
+        else:
+            edges = nz.to(torch.int16).view(_MODE_DTYPE[self.mode]).float()
+        counts = self.hist[nz]
+        positive = edges > 0
+        exps = torch.floor(torch.log2(edges[positive].double())).long()
+        uniq, inverse = torch.unique(exps, return_inverse=True)
+        per_octave = torch.zeros(len(uniq), dtype=torch.long).index_add_(0, inverse, counts[positive])
+        return {"zero": int(counts[~positive].sum()), "exponents": uniq.tolist(), "counts": per_octave.tolist()}
+
     def exact_pass(self, qs: Iterable[float] = (0.5,)) -> ExactPass:
         """A helper that, fed the same data again, returns the exact quantiles."""
         return ExactPass(self, qs)

@@ -109,6 +109,23 @@ def default_tokenizer_path() -> Path:
     return calib_dir() / TOKENIZER_FILE
 
 
+def tokenizer_for(checkpoint: str | os.PathLike) -> Tokenizer:
+    """The tokenizer that belongs to a checkpoint: its folder's tokenizer.json / tokenizer.model, or for
+    ``x.gguf`` a SentencePiece ``x*.model`` beside it; the project tokenizer for our own checkpoints."""
+    path = Path(checkpoint)
+    if path.is_dir():
+        for name in (TOKENIZER_FILE, "tokenizer.model"):
+            if (path / name).is_file():
+                return Tokenizer.load(path / name)
+        return default_tokenizer()
+    if path.suffix == ".gguf":
+        found = sorted(path.parent.glob(f"{path.stem}*.model"))
+        if not found:
+            raise FileNotFoundError(f"no tokenizer for {path}: expected a SentencePiece {path.stem}*.model beside it")
+        return Tokenizer.load(found[0])
+    return default_tokenizer()
+
+
 def default_tokenizer() -> Tokenizer:
     """The project tokenizer shipped as ``calib/tokenizer.json``."""
     return Tokenizer.load(default_tokenizer_path())

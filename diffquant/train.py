@@ -28,6 +28,7 @@ from tqdm import tqdm
 
 from .checkpoint import atomic_dir, load_checkpoint, save_checkpoint
 from .config import ModelConfig
+from .io import atomic_path, atomic_write_text
 from .model import LM, build_model, num_params
 
 log = logging.getLogger(__name__)
@@ -257,7 +258,7 @@ def _log_header(model, cfg, out, train_data, val_data, init_from, provenance) ->
         "data": {
             "train_tokens_sha256": hashlib.sha256(train_data.tobytes()).hexdigest(),
             "val_tokens_sha256": hashlib.sha256(val_data.tobytes()).hexdigest(),
-            "train_tokens_available": int(len(train_data)),
+            "train_tokens_available": len(train_data),
             **(provenance or {}),
         },
         "torch": torch.__version__,
@@ -269,10 +270,7 @@ def _log_header(model, cfg, out, train_data, val_data, init_from, provenance) ->
 def _write_log(out: Path, base: dict, history: dict, step: int) -> dict:
     record = {**base, "step": step, "tokens_seen": step * base["train_config"]["batch_size"]
               * base["train_config"]["seq_len"], "history": history}
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / f".{LOG_FILE}.tmp{os.getpid()}"
-    tmp.write_text(json.dumps(record, indent=1))
-    os.replace(tmp, out / LOG_FILE)
+    atomic_write_text(out / LOG_FILE, json.dumps(record, indent=1))
     return record
 
 
@@ -290,10 +288,8 @@ def split_tokens(split: str, tokenizer=None, cache_dir: str | Path | None = None
     if path.is_file():
         return np.load(path, allow_pickle=False), info
     ids = _encode(tokenizer, docs)
-    cache.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}.npy")
-    np.save(tmp, ids, allow_pickle=False)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        np.save(tmp, ids, allow_pickle=False)
     return ids, info
 
 

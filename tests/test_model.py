@@ -171,10 +171,9 @@ def test_hooks_are_removed_when_the_body_raises(tiny):
     model = build_model(tiny)
     ids = torch.randint(0, tiny.vocab_size, (1, 6))
     calls = []
-    with pytest.raises(KeyError):
-        with hooked(model, lambda *a: calls.append(1)):
-            model(ids)
-            raise KeyError("boom")
+    with pytest.raises(KeyError), hooked(model, lambda *a: calls.append(1)):
+        model(ids)
+        raise KeyError("boom")
     n = len(calls)
     model(ids)
     assert n > 0 and len(calls) == n

@@ -404,3 +404,17 @@ def test_small_internal_chunks_give_the_same_results(monkeypatch):
     assert r["quantiles"]["0.9"] == sorted_rank(allv, 0.9)
     assert r["count"] == allv.numel() and r["nan"] == 1
     assert r["mean_abs"] == pytest.approx(float(allv.mean()), rel=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_log2_histogram_counts_each_octave(dtype):
+    x = (torch.randn(5000) * torch.exp(2 * torch.randn(5000))).to(dtype)
+    x[:7] = 0
+    q = Quantiles()
+    q.update(x)
+    h = q.log2_histogram()
+    a = x.abs().double()
+    assert h["zero"] == 7 and sum(h["counts"]) + h["zero"] == x.numel()
+    ref = torch.floor(torch.log2(a[a > 0]))
+    for e, c in zip(h["exponents"], h["counts"]):
+        assert c == int((ref == e).sum())

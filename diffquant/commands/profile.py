@@ -1,0 +1,86 @@
+"""`diffquant profile CKPT [CKPT ...]`: Table-5 outlier statistics, locations, JSON and plots."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..checkpoint import load_checkpoint, read_metadata
+from ..data import documents, encode_documents
+from ..errors import UserError
+from ..io import atomic_write_text
+from ..profile import DEFAULT_SITES, PROTOCOLS, profile, token_batches
+from ..tables import FORMATS, outlier_table, ratio_table
+from ..tokenizer import Tokenizer, tokenizer_for
+
+PAPER_TOKENS = 409_600  # the paper's 0.4M tokens
+
+
+def register(sub) -> None:
+    p = sub.add_parser("profile", help="exact top-k / median of |activations| (the paper's Table 5)")
+    p.add_argument("checkpoints", nargs="+", help="checkpoint folders or .gguf files")
+    p.add_argument("--data", default="test", help="split (train|validation|test), calib source or text file")
+    p.add_argument("--tokens", type=int, default=PAPER_TOKENS, help="tokens to profile (default: 0.4M)")
+    p.add_argument("--seq-len", type=int, default=None, help="default: the model's max_seq_len")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--topk", type=int, default=100)
+    p.add_argument("--sites", default=",".join(DEFAULT_SITES), help="probe kinds, comma separated")
+    p.add_argument("--protocol", choices=PROTOCOLS, default="global")
+    p.add_argument("--exact-median", action="store_true", help="second pass: exact fp32 medians")
+    p.add_argument("--chunk", type=int, default=None, help="eager attention query-chunk size (long inputs)")
+    p.add_argument("--tokenizer", default=None, help="override the checkpoint's tokenizer")
+    p.add_argument("--json", default=None, help="write the records here (a list, one per checkpoint)")
+    p.add_argument("--plot", default=None, help="PNG: per-layer top-1/top-10/median (+ -hist.png histograms)")
+    p.add_argument("--training-plot", default=None, help="PNG: statistics against training tokens, per arch")
+    p.add_argument("--format", choices=sorted(FORMATS), default="markdown")
+    p.set_defaults(func=run)
+
+
+def profile_checkpoint(path: str, args, tokenizer: Tokenizer | None = None) -> dict:
+    """Load, tokenise the data with the checkpoint's tokenizer, profile; the record names its source."""
+    model = load_checkpoint(path)
+    tok = tokenizer or (Tokenizer.load(args.tokenizer) if args.tokenizer else tokenizer_for(path))
+    seq_len = args.seq_len or model.config.max_seq_len
+    if seq_len > model.config.max_seq_len:
+        raise UserError(f"--seq-len {seq_len} exceeds {path}'s max_seq_len {model.config.max_seq_len}")
+    ids = encode_documents(tok, documents(args.data))
+    batches = token_batches(ids, seq_len, args.batch_size, args.tokens)
+    sites = tuple(s.strip() for s in args.sites.split(",") if s.strip())
+    report = profile(model, batches, sites=sites, topk=args.topk, protocol=args.protocol,
+                     exact_median=args.exact_median, chunk=args.chunk, label=_label(path, model))
+    record = report.data
+    record.update(checkpoint=str(path), data=str(args.data), seq_len=seq_len)
+    meta = read_metadata(path) if Path(path).is_dir() else {}
+    record["train_tokens"] = int(meta["tokens"]) if "tokens" in meta else None
+    return record
+
+
+def _label(path: str, model) -> str:
+    p = Path(path)
+    name = p.parent.name if p.name in ("final",) or p.name.startswith("step") else p.stem
+    return f"{name}/{p.name}" if p.name.startswith("step") else name
+
+
+def run(args) -> int:
+    records = [profile_checkpoint(path, args) for path in args.checkpoints]
+    by_label = {rec["label"]: rec for rec in records}
+    print(outlier_table(by_label, fmt=args.format, paper=True))
+    archs = {rec["model"].get("arch"): rec for rec in records}
+    if len(records) == 2 and set(archs) == {"transformer", "diff"}:
+        print()
+        print(ratio_table(archs["transformer"], archs["diff"], fmt=args.format))
+    if args.json:
+        atomic_write_text(args.json, json.dumps(records, indent=1))
+    if args.plot or args.training_plot:
+        from ..plots import plot_histograms, plot_layers, plot_over_training
+
+        if args.plot:
+            plot_layers(by_label, args.plot)
+            plot_histograms(by_label, Path(args.plot).with_name(Path(args.plot).stem + "-hist.png"))
+        if args.training_plot:
+            series: dict[str, list[dict]] = {}
+            for rec in records:
+                series.setdefault(rec["model"].get("arch", "model"), []).append(rec)
+            plot_over_training(series, args.training_plot)
+    return 0
+
