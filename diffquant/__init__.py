@@ -6,11 +6,14 @@ from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from .config import ModelConfig
 from .model import LM, build_model, num_params
 from .probes import Probe, hooked, probes
+from . import quant
+from .profile import OutlierReport, profile
+from .quant.api import quantize, quantize_
 
 __version__ = "0.1.0"
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __all__ = [
     "CheckpointError", "LM", "ModelConfig", "Probe", "build_model", "hooked", "load_checkpoint", "num_params",
-    "probes", "save_checkpoint",
+    "OutlierReport", "probes", "profile", "quant", "quantize", "quantize_", "save_checkpoint",
 ]

@@ -1,0 +1,141 @@
+"""`diffquant quantize CKPT --weights gptq --bits 4 --group-size 128 --out DIR`: a packed quantized checkpoint."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from ..errors import UserError
+
+WEIGHT_CHOICES = ["rtn", "gptq", "bnb-int8", "bnb-nf4", "bnb-fp4", "none"]
+DEFAULT_CALIB_TOKENS = 32768
+DTYPES = ("float16", "bfloat16", "float32")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("quantize", help="quantize a checkpoint into a packed checkpoint (weights, activations, logits)")
+    p.add_argument("checkpoint", help="checkpoint folder or .gguf file")
+    p.add_argument("--out", required=True, help="folder for the packed checkpoint (never the source)")
+    p.add_argument("--weights", choices=WEIGHT_CHOICES, default="none", help="weight method (default: none)")
+    p.add_argument("--bits", type=int, default=None, help="weight bits, 2..8 (rtn/gptq)")
+    p.add_argument("--group-size", type=int, default=None, help="weights per scale (default: one per row)")
+    p.add_argument("--asymmetric", action="store_true", help="min/max weights with zero points")
+    p.add_argument("--act-order", action="store_true", help="GPTQ: columns by decreasing Hessian diagonal")
+    p.add_argument("--damp", type=float, default=0.01, help="GPTQ damping (fraction of the mean diagonal)")
+    p.add_argument("--threshold", type=float, default=6.0, help="bnb-int8 outlier threshold")
+    p.add_argument("--embeddings", action="store_true", help="also quantize the embedding and output head")
+    p.add_argument("--act-bits", type=int, default=None, help="quantize every block Linear's input (2..16)")
+    p.add_argument("--act-granularity", default="token", choices=["token", "tensor"])
+    p.add_argument("--logit-bits", type=int, default=None, help="quantize the attention logits (2..16)")
+    p.add_argument("--logit-granularity", default="tensor", choices=["tensor", "head", "row"])
+    p.add_argument("--calib-tokens", type=int, default=DEFAULT_CALIB_TOKENS, help="GPTQ calibration tokens")
+    p.add_argument("--calib-seq-len", type=int, default=None, help="default: min(256, the model's max_seq_len)")
+    p.add_argument("--tokenizer", default=None, help="tokenizer for the calibration text (default: the checkpoint's)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the calibration windows")
+    p.add_argument("--dtype", default="float16", choices=DTYPES,
+                   help="storage of the float tensors: unquantized weights, norms, scales (default float16)")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out folder")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..checkpoint import load_checkpoint
+    from ..quant import ActQuant, QuantConfig, WeightQuant, quantize_, save_quantized
+    from ..quant.packed import fp16_file_bytes
+
+    source, out = Path(args.checkpoint), Path(args.out)
+    _refuse_source_as_output(source, out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not args.overwrite:
+        raise UserError(f"{out} exists and is not empty; pass --overwrite to replace it")
+    config = QuantConfig(
+        weights=None if args.weights == "none" else WeightQuant(
+            args.weights, bits=args.bits, group_size=args.group_size, symmetric=not args.asymmetric,
+            act_order=args.act_order, damp=args.damp, threshold=args.threshold, embeddings=args.embeddings),
+        activations=None if args.act_bits is None else ActQuant(args.act_bits, args.act_granularity),
+        logits=None if args.logit_bits is None else ActQuant(args.logit_bits, args.logit_granularity),
+    )
+    if args.weights == "none" and (args.bits is not None or args.group_size is not None):
+        raise UserError("--bits/--group-size need --weights rtn|gptq")
+    if config == QuantConfig():
+        raise UserError("nothing to quantize: give --weights, --act-bits or --logit-bits")
+    model = load_checkpoint(source)
+    fp16_bytes = fp16_file_bytes(model)  # the float baseline, measured before quantizing in place
+    start = time.perf_counter()
+    calib, calib_info, tokenizer = None, {}, None
+    if args.weights == "gptq":
+        calib, calib_info, tokenizer = _calibration(args, model)
+    quantize_(model, config, calib=calib)
+    seconds = time.perf_counter() - start
+    extra = _tokenizer_files(source, tokenizer)
+    save_quantized(model.eval(), out, overwrite=args.overwrite, dtype=getattr(torch, args.dtype), extra_files=extra,
+                   metadata={"source": str(source), "command": "diffquant " + " ".join(sys.argv[1:])})
+    print(json.dumps(_summary(source, out, config, fp16_bytes, calib_info, seconds), indent=2))
+    return 0
+
+
+def _refuse_source_as_output(source: Path, out: Path) -> None:
+    if not source.exists():
+        raise FileNotFoundError(f"checkpoint {source} does not exist")
+    src, dst = source.resolve(), out.resolve()
+    if src == dst or src in dst.parents or (source.is_dir() and dst in src.parents):
+        raise UserError(f"--out {out} would overwrite or nest with the source checkpoint {source}")
+    if source.is_file() and dst == src.parent:
+        raise UserError(f"--out {out} is the folder holding the source checkpoint; choose a new folder")
+
+
+def _calibration(args, model):
+    """Random windows of the calib train split, tokenised with the checkpoint's tokenizer."""
+    import numpy as np
+    import torch
+
+    from ..tokenizer import Tokenizer, tokenizer_for
+    from ..train import split_tokens
+
+    tokenizer = Tokenizer.load(args.tokenizer) if args.tokenizer else tokenizer_for(args.checkpoint)
+    vocab = model.config.vocab_size
+    if tokenizer.vocab_size > vocab:
+        raise UserError(f"the calibration tokenizer has {tokenizer.vocab_size} tokens but the model only {vocab}; "
+                        "pass the model's tokenizer with --tokenizer")
+    seq_len = args.calib_seq_len or min(256, model.config.max_seq_len)
+    if not 1 <= seq_len <= model.config.max_seq_len:
+        raise UserError(f"--calib-seq-len must lie in 1..{model.config.max_seq_len}")
+    if args.calib_tokens < seq_len:
+        raise UserError(f"--calib-tokens must be at least one window ({seq_len} tokens)")
+    ids, info = split_tokens("train", tokenizer=tokenizer)
+    n_windows = args.calib_tokens // seq_len
+    if len(ids) <= seq_len:
+        raise UserError("the calibration split is shorter than one window")
+    starts = np.random.default_rng(args.seed).integers(0, len(ids) - seq_len, n_windows)
+    windows = torch.from_numpy(np.stack([ids[s:s + seq_len] for s in starts]).astype(np.int64))  # (N, T)
+    return windows, {**info, "windows": n_windows, "seq_len": seq_len, "seed": args.seed,
+                     "tokenizer": tokenizer.path}, tokenizer
+
+
+def _tokenizer_files(source: Path, tokenizer) -> dict[str, Path]:
+    """Ship the source's own tokenizer beside the packed weights (the project tokenizer is found anyway)."""
+    from ..tokenizer import TOKENIZER_FILE, default_tokenizer_path
+
+    if source.is_dir():
+        return {name: source / name for name in (TOKENIZER_FILE, "tokenizer.model") if (source / name).is_file()}
+    path = Path(tokenizer.path) if tokenizer is not None and tokenizer.path else None
+    if path is None or path.resolve() == default_tokenizer_path().resolve():
+        return {}
+    return {TOKENIZER_FILE if tokenizer.kind == "hf" else "tokenizer.model": path}
+
+
+def _summary(source: Path, out: Path, config, fp16_bytes: int, calib_info: dict, seconds: float) -> dict:
+    from ..quant.packed import WEIGHTS_FILE
+
+    packed_bytes = (out / WEIGHTS_FILE).stat().st_size
+    return {
+        "source": str(source), "out": str(out), "quant_config": config.to_dict(),
+        "model_safetensors_bytes": packed_bytes, "fp16_safetensors_bytes": fp16_bytes,
+        "ratio_vs_fp16": round(packed_bytes / fp16_bytes, 4),
+        "folder_bytes": sum(p.stat().st_size for p in out.iterdir() if p.is_file()),
+        "seconds": round(seconds, 2), "calibration": calib_info or None,
+    }

@@ -1,0 +1,225 @@
+"""What to quantize and how: small frozen dataclasses with JSON round-trip and one-line validation errors.
+
+``QuantConfig`` composes one ``WeightQuant`` (the Linear weights of the blocks) with ``ActQuant`` settings for
+the dynamic quantizers at probes and Linear inputs::
+
+    QuantConfig(weights=WeightQuant("gptq", bits=4, group_size=128),
+                logits=ActQuant(bits=4, granularity="tensor"),     # the paper's experiment
+                activations=ActQuant(bits=8, granularity="token")) # W4A8
+
+Activation granularities (scales are always per sequence at least, so results never depend on batch size):
+
+* ``"tensor"``: one scale per sequence (batch element) per probe call;
+* ``"head"``: per sequence and head (attention probes only; for Diff per sub-head, i.e. per map);
+* ``"row"`` / ``"token"``: per query row of an attention map / per token of a hidden vector (all dims but the
+  last); the two names mean the same reduction.
+
+``ActQuant(bits=16)`` means *unquantized* (the paper's 16-bit point of a sweep); to really round to int16 set
+``unquantized_at_16=False``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import numbers
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["ACT_GRANULARITIES", "PROBE_TARGETS", "WEIGHT_METHODS", "ActQuant", "QuantConfig", "WeightQuant"]
+
+WEIGHT_METHODS = ("rtn", "gptq", "bnb-int8", "bnb-nf4", "bnb-fp4")
+BNB_BITS = {"bnb-int8": 8, "bnb-nf4": 4, "bnb-fp4": 4}
+ACT_GRANULARITIES = ("tensor", "head", "row", "token")
+# QuantConfig field -> probe kinds it quantizes (``activations`` = the inputs of the selected Linear layers).
+PROBE_TARGETS: dict[str, tuple[str, ...]] = {
+    "logits": ("attn_logits",),
+    "probs": ("attn_probs",),
+    "qk": ("attn_q", "attn_k"),
+    "hidden": ("hidden",),
+}
+ATTENTION_FIELDS = ("logits", "probs", "qk")  # need eager attention: fused kernels never show these tensors
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _from_dict(cls, data: object):
+    if not isinstance(data, dict):
+        raise ValueError(f"{cls.__name__} must be a JSON object, got {type(data).__name__}")
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"unknown {cls.__name__} fields: {', '.join(unknown)}")
+    return cls(**data)
+
+
+@dataclass(frozen=True)
+class WeightQuant:
+    """Weight quantization of Linear layers.
+
+    method: "rtn" (round to nearest), "gptq" (needs calibration data), "bnb-int8" (LLM.int8 with outlier
+        ``threshold``), "bnb-nf4", "bnb-fp4" (bitsandbytes; optional extra ``diffquant[bnb]``).
+    bits: 2..8 for rtn/gptq (codes of ≤ 4 bits are packed two per byte); implied by the bnb methods.
+    group_size: None = one scale per output channel; else one per group of that many input columns (must
+        divide the input width; checked when applied).
+    symmetric: absmax (codes ±(2**(bits-1)-1)) or asymmetric min/max with a zero point.
+    act_order, damp, block_size: GPTQ options (columns by decreasing Hessian diagonal; damping as a fraction
+        of the mean diagonal; lazy-batch width).
+    embeddings: also quantize the token embedding and output head (RTN per row; a tied pair shares its codes).
+    """
+
+    method: str = "rtn"
+    bits: int | None = None
+    group_size: int | None = None
+    symmetric: bool = True
+    act_order: bool = False
+    damp: float = 0.01
+    block_size: int = 128
+    threshold: float = 6.0
+    embeddings: bool = False
+
+    def __post_init__(self) -> None:
+        if self.method not in WEIGHT_METHODS:
+            raise ValueError(f"unknown weight method {self.method!r}; expected one of {', '.join(WEIGHT_METHODS)}")
+        if self.method in BNB_BITS:
+            self._check_bnb()
+        elif self.bits is None:
+            raise ValueError(f"WeightQuant(method={self.method!r}) needs bits (2..8)")
+        elif not _is_int(self.bits) or not 2 <= self.bits <= 8:
+            raise ValueError(f"weight bits must be an integer in 2..8, got {self.bits!r} "
+                             "(16-bit weights: leave weights=None)")
+        if self.group_size is not None and (not _is_int(self.group_size) or self.group_size < 1):
+            raise ValueError(f"group_size must be a positive integer or None, got {self.group_size!r}")
+        if not isinstance(self.damp, numbers.Real) or not 0 < self.damp < 1:
+            raise ValueError(f"damp must lie in (0, 1), got {self.damp!r}")
+        if not _is_int(self.block_size) or self.block_size < 1:
+            raise ValueError(f"block_size must be a positive integer, got {self.block_size!r}")
+
+    def _check_bnb(self) -> None:
+        bits = BNB_BITS[self.method]
+        if self.bits is None:
+            object.__setattr__(self, "bits", bits)  # implied by the method; stored for JSON and reports
+        elif self.bits != bits:
+            raise ValueError(f"{self.method} is {bits}-bit, got bits={self.bits!r}")
+        if self.group_size is not None or not self.symmetric or self.act_order:
+            raise ValueError(f"{self.method} takes no group_size, symmetric or act_order settings")
+
+    @property
+    def is_bnb(self) -> bool:
+        return self.method in BNB_BITS
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "WeightQuant":
+        return _from_dict(cls, data)
+
+
+@dataclass(frozen=True)
+class ActQuant:
+    """Dynamic (per forward) integer quantization of an activation: absmax (or min/max) per slice.
+
+    bits: 2..16; 16 means unquantized (the paper's convention) unless ``unquantized_at_16=False``.
+    granularity: "tensor" (per sequence), "head" (per sequence and head), "row" / "token" (per vector).
+    """
+
+    bits: int = 8
+    granularity: str = "tensor"
+    symmetric: bool = True
+    unquantized_at_16: bool = True
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.bits) or not 2 <= self.bits <= 16:
+            raise ValueError(f"activation bits must be an integer in 2..16, got {self.bits!r}")
+        if self.granularity not in ACT_GRANULARITIES:
+            raise ValueError(f"unknown activation granularity {self.granularity!r}; "
+                             f"expected one of {', '.join(ACT_GRANULARITIES)}")
+
+    @property
+    def is_noop(self) -> bool:
+        """True for the unquantized 16-bit point of a sweep."""
+        return self.bits == 16 and self.unquantized_at_16
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ActQuant":
+        return _from_dict(cls, data)
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    """Weights + dynamic quantizers at probes (logits, probs, qk, hidden) + Linear inputs (activations)."""
+
+    weights: WeightQuant | None = None
+    logits: ActQuant | None = None
+    probs: ActQuant | None = None
+    qk: ActQuant | None = None
+    hidden: ActQuant | None = None
+    activations: ActQuant | None = None
+
+    def __post_init__(self) -> None:
+        if self.weights is not None and not isinstance(self.weights, WeightQuant):
+            raise ValueError(f"weights must be a WeightQuant or None, got {type(self.weights).__name__}")
+        for name in (*PROBE_TARGETS, "activations"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, ActQuant):
+                raise ValueError(f"{name} must be an ActQuant or None, got {type(value).__name__}")
+        for name in ("hidden", "activations"):
+            value = getattr(self, name)
+            if value is not None and value.granularity == "head":
+                raise ValueError(f"granularity 'head' applies to attention probes only, not to {name}")
+        if self.activations is not None and self.weights is not None and self.weights.is_bnb:
+            raise ValueError(f"{self.weights.method} brings its own activation handling; drop activations")
+
+    def to_dict(self) -> dict:
+        return {f.name: (None if getattr(self, f.name) is None else getattr(self, f.name).to_dict())
+                for f in dataclasses.fields(self)}
+
+    def to_json(self, path: str | Path | None = None) -> str:
+        text = json.dumps(self.to_dict(), indent=2, sort_keys=True)
+        if path is not None:
+            Path(path).write_text(text + "\n")
+        return text
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "QuantConfig":
+        if not isinstance(data, dict):
+            raise ValueError(f"QuantConfig must be a JSON object, got {type(data).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown QuantConfig fields: {', '.join(unknown)}")
+        parts = {}
+        for name, value in data.items():
+            part = WeightQuant if name == "weights" else ActQuant
+            parts[name] = None if value is None else part.from_dict(value)
+        return cls(**parts)
+
+    @classmethod
+    def from_json(cls, text_or_path: str | Path) -> "QuantConfig":
+        text = str(text_or_path)
+        if not text.lstrip().startswith("{"):
+            text = Path(text_or_path).read_text()
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"quant config is not valid JSON: {exc}") from None
+        return cls.from_dict(data)
+
+    def probe_targets(self) -> dict[str, ActQuant]:
+        """Probe kind -> its (non-no-op) quantizer."""
+        out = {}
+        for name, kinds in PROBE_TARGETS.items():
+            act = getattr(self, name)
+            if act is not None and not act.is_noop:
+                out.update(dict.fromkeys(kinds, act))
+        return out
+
+    @property
+    def needs_eager(self) -> bool:
+        return any(getattr(self, f) is not None and not getattr(self, f).is_noop for f in ATTENTION_FIELDS)
