@@ -71,6 +71,7 @@ class atomic_dir:
         if exc_type is not None:
             shutil.rmtree(self.tmp, ignore_errors=True)
             return
+        _make_readable(self.tmp)  # mkdtemp creates 0700; a checkpoint should read like any other folder
         old = None
         if self.target.exists():
             old = self.target.with_name(f".{self.target.name}.old-{os.getpid()}")
@@ -78,6 +79,13 @@ class atomic_dir:
         os.replace(self.tmp, self.target)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
+
+
+def _make_readable(folder: Path) -> None:
+    umask = os.umask(0)
+    os.umask(umask)
+    for p in [folder, *folder.rglob("*")]:
+        p.chmod((0o777 if p.is_dir() else 0o666) & ~umask)
 
 
 def load_checkpoint(
@@ -88,6 +96,10 @@ def load_checkpoint(
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"checkpoint {path} does not exist")
+    if path.is_dir() and (path / "quant.json").is_file():
+        from .quant.packed import load_quantized  # lazy: packed quantized checkpoints (quant.json + codes)
+
+        return load_quantized(path, device, dtype, attn_impl)
     if path.is_file() and path.suffix == ".gguf":
         from .gguf import load_gguf  # imported lazily: only GGUF users need the gguf package
 
@@ -102,6 +114,10 @@ def load_checkpoint(
 def _load_folder(path: Path) -> LM:
     if not path.is_dir():
         raise CheckpointError(f"{path} is neither a checkpoint folder nor a .gguf file")
+    from . import hf  # imported lazily: an HF Llama / DiffLlama folder is converted on the way in
+
+    if hf.is_hf_folder(path):
+        return hf.load_hf(path)
     cfg = read_config(path)
     tensors = _read_tensors(path / WEIGHTS_FILE)
     model = build_model(cfg)

@@ -46,6 +46,7 @@ def plot_layers(records: dict[str, dict], path: str | Path) -> Path:
                     label=f"{label} top-10")
             ax.plot(xs, [s["median"] for _, s in rows], ":", color=color, label=f"{label} median")
         ax.set(yscale="log", xlabel="layer", ylabel="|x|", title=SITE_NAMES.get(kind, kind))
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.legend(fontsize=7)
     return _save(fig, path)
 

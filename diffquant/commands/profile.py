@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..checkpoint import load_checkpoint, read_metadata
+from ..checkpoint import read_metadata
 from ..data import documents, encode_documents
 from ..errors import UserError
+from ..hf_probes import load_for_profiling
 from ..io import atomic_write_text
 from ..profile import DEFAULT_SITES, PROTOCOLS, profile, token_batches
 from ..tables import FORMATS, outlier_table, ratio_table
@@ -38,7 +39,7 @@ def register(sub) -> None:
 
 def profile_checkpoint(path: str, args, tokenizer: Tokenizer | None = None) -> dict:
     """Load, tokenise the data with the checkpoint's tokenizer, profile; the record names its source."""
-    model = load_checkpoint(path)
+    model = load_for_profiling(path)  # HF folders natively (any decoder); ours and .gguf as usual
     tok = tokenizer or (Tokenizer.load(args.tokenizer) if args.tokenizer else tokenizer_for(path))
     seq_len = args.seq_len or model.config.max_seq_len
     if seq_len > model.config.max_seq_len:
@@ -50,7 +51,7 @@ def profile_checkpoint(path: str, args, tokenizer: Tokenizer | None = None) -> d
                      exact_median=args.exact_median, chunk=args.chunk, label=_label(path, model))
     record = report.data
     record.update(checkpoint=str(path), data=str(args.data), seq_len=seq_len)
-    meta = read_metadata(path) if Path(path).is_dir() else {}
+    meta = read_metadata(path) if (Path(path) / "model.safetensors").is_file() else {}
     record["train_tokens"] = int(meta["tokens"]) if "tokens" in meta else None
     return record
 
