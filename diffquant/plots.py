@@ -7,10 +7,11 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")  # files only; never a window
-import matplotlib.pyplot as plt
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from .io import atomic_path
-from .tables import SITE_NAMES
+from .io import atomic_path  # noqa: E402
+from .tables import SITE_NAMES  # noqa: E402
 
 STYLE = {"transformer": "tab:blue", "diff": "tab:red"}
 
