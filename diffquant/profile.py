@@ -106,13 +106,18 @@ class _Profiler:
         if self.protocol == "per_sequence":
             kinds = {p.kind for p in self.selected.values()}
             self._seq_stats = {k: [SiteStats(topk=self.topk) for _ in range(ids.shape[0])] for k in kinds}
-        model(ids)
+        model(ids.to(_device_of(model)))
         if self._seq_stats is not None:
             for kind, seqs in self._seq_stats.items():
                 self.per_seq.setdefault(kind, []).extend(s.result() for s in seqs)
         self.ids.append(ids.detach().cpu())
         self.seq_base += ids.shape[0]
         self.tokens += ids.numel()
+
+
+def _device_of(model: nn.Module) -> torch.device:
+    param = next(model.parameters(), None)
+    return param.device if param is not None else torch.device("cpu")
 
 
 def profile(
@@ -167,7 +172,7 @@ def _exact_pass(model, batches, prof: _Profiler, pooled, chunk, progress: bool) 
     kinds = tuple(site_pass)
     with _eager_attention(model, chunk), torch.no_grad(), hooked(model, feed, kinds=kinds):
         for ids in tqdm(batches, desc="exact median pass", disable=not progress, mininterval=2):
-            model(ids)
+            model(ids.to(_device_of(model)))
 
 
 class _eager_attention:
