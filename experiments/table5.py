@@ -53,7 +53,7 @@ def main() -> None:
             "profile", *snapshots("transformer"), *snapshots("diff"), "--tokens", str(args.tokens // 4),
             "--json", str(out / "table5-over-training.json"), "--training-plot", str(out / "table5-training.png")],
         "stories260K (real pretrained Llama, TinyStories data)": [
-            "profile", "calib/models/stories260K.gguf", "--data", "tinystories-cased",
+            "profile", "calib/models/stories260K.gguf", "--data", "tinystories-cased", "--seq-len", "512",
             "--tokens", str(min(args.tokens, 100_000)), "--json", str(out / "table5-stories260k.json")],
     }
     text = []

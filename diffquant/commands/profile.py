@@ -48,7 +48,7 @@ def profile_checkpoint(path: str, args, tokenizer: Tokenizer | None = None) -> d
     batches = token_batches(ids, seq_len, args.batch_size, args.tokens)
     sites = tuple(s.strip() for s in args.sites.split(",") if s.strip())
     report = profile(model, batches, sites=sites, topk=args.topk, protocol=args.protocol,
-                     exact_median=args.exact_median, chunk=args.chunk, label=_label(path, model))
+                     exact_median=args.exact_median, chunk=args.chunk, label=_label(path))
     record = report.data
     record.update(checkpoint=str(path), data=str(args.data), seq_len=seq_len)
     meta = read_metadata(path) if (Path(path) / "model.safetensors").is_file() else {}
@@ -56,16 +56,23 @@ def profile_checkpoint(path: str, args, tokenizer: Tokenizer | None = None) -> d
     return record
 
 
-def _label(path: str, model) -> str:
+def _label(path: str) -> str:
+    """``run/final`` -> ``run``; ``run/snapshots/step000127`` -> ``run@step000127``; else the file or folder name."""
     p = Path(path)
-    name = p.parent.name if p.name in ("final",) or p.name.startswith("step") else p.stem
-    return f"{name}/{p.name}" if p.name.startswith("step") else name
+    if p.name == "final":
+        return p.parent.name
+    if p.name.startswith("step") and p.parent.name == "snapshots":
+        return f"{p.parent.parent.name}@{p.name}"
+    return p.stem
 
 
 def run(args) -> int:
+    labels = [_label(path) for path in args.checkpoints]
+    if len(set(labels)) < len(labels):
+        raise UserError("two checkpoints have the same label; give them distinct folder names")
     records = [profile_checkpoint(path, args) for path in args.checkpoints]
     by_label = {rec["label"]: rec for rec in records}
-    print(outlier_table(by_label, fmt=args.format, paper=True))
+    print(outlier_table(by_label, fmt=args.format, paper=len(records) <= 2))
     archs = {rec["model"].get("arch"): rec for rec in records}
     if len(records) == 2 and set(archs) == {"transformer", "diff"}:
         print()

@@ -1,0 +1,38 @@
+"""`diffquant report records.jsonl [...]`: degradation tables and Figure-8 plots from sweep records only."""
+
+from __future__ import annotations
+
+import argparse
+
+REPORT_FORMATS = ("markdown", "csv", "latex")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("report", help="degradation tables (Δ from 16 bits with paired 95%% intervals) and plots")
+    p.add_argument("records", nargs="+", help="JSONL records files written by `diffquant sweep`")
+    p.add_argument("--format", default="markdown", help=" | ".join(REPORT_FORMATS))
+    p.add_argument("--metric", default=None,
+                   help="comma separated metrics to show: acc, acc_norm, perplexity (default: all; the plot "
+                        "defaults to acc_norm for multiple choice, acc for LAMBADA, perplexity for text)")
+    p.add_argument("--plot", default=None, help="PNG: metric against bits, one line per model, one panel per task")
+    p.add_argument("--n-boot", type=int, default=10000, help="bootstrap resamples")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    p.add_argument("--output", default=None, help="also write the table to this file")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..io import atomic_write_text
+    from ..report import load_records, plot_degradation, render_report
+
+    if args.format not in REPORT_FORMATS:
+        raise ValueError(f"unknown format {args.format!r}; choose one of {', '.join(REPORT_FORMATS)}")
+    metrics = [m.strip() for m in args.metric.split(",") if m.strip()] if args.metric else None
+    records = load_records(args.records)
+    text = render_report(records, args.format, metrics, n_boot=args.n_boot, seed=args.seed)
+    print(text)
+    if args.output:
+        atomic_write_text(args.output, text + "\n")
+    if args.plot:
+        plot_degradation(records, args.plot, metrics, n_boot=args.n_boot, seed=args.seed)
+    return 0

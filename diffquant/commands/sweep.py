@@ -1,0 +1,57 @@
+"""`diffquant sweep CKPT [CKPT ...]`: degradation records at 16 / 8 / 6 / 4 bits on perplexity and zero-shot tasks."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from ..sweep import ATTN_IMPLS, DEFAULT_CALIB_TOKENS, PERPLEXITY_TASKS, TARGETS
+
+
+def register(sub) -> None:
+    p = sub.add_parser("sweep", help="quantize at several bit widths and score tasks (resumable JSONL records)")
+    p.add_argument("checkpoints", nargs="+", help="checkpoint folders or .gguf files")
+    p.add_argument("--target", required=True, help=f"what to quantize: {' | '.join(TARGETS)}")
+    p.add_argument("--bits", type=int, nargs="+", default=[16, 8, 6, 4],
+                   help="bit widths; 16 = the unquantized model (default: 16 8 6 4)")
+    p.add_argument("--granularity", default=None,
+                   help="activation targets: tensor (per sequence, default) | head | row | token")
+    p.add_argument("--group-size", type=int, default=None,
+                   help="weight targets: input columns per scale (default: one scale per output channel)")
+    p.add_argument("--tasks", required=True,
+                   help=f"comma separated: {', '.join(PERPLEXITY_TASKS)} (perplexity), a calib source or text "
+                        "file (perplexity), hellaswag, arc_easy, piqa, winogrande, boolq, openbookqa, copa, "
+                        "lambada, or TASK:PATH (another file in TASK's format)")
+    p.add_argument("--limit", type=int, default=None,
+                   help="a fixed seeded subset: N items per zero-shot task, N windows per perplexity task")
+    p.add_argument("--seed", type=int, default=0, help="picks the --limit subset and the GPTQ calibration windows")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--calib-tokens", type=int, default=None,
+                   help=f"GPTQ calibration tokens (default {DEFAULT_CALIB_TOKENS}), windows of max_seq_len")
+    p.add_argument("--calib-data", default="train", help="GPTQ calibration text: a split, calib source or file")
+    p.add_argument("--attn-impl", default="eager", help=f"{' | '.join(ATTN_IMPLS)} (attention targets run eager)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--out", required=True, help="JSONL records file (appended; finished cells are skipped)")
+    p.add_argument("--no-table", action="store_true", help="do not print the degradation table afterwards")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..report import load_records, render_report
+    from ..sweep import run_sweep
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    tasks = [t for t in args.tasks.split(",") if t.strip()]
+    summary = run_sweep(args.checkpoints, args.out, args.target, args.bits, tasks, granularity=args.granularity,
+                        group_size=args.group_size, limit=args.limit, seed=args.seed, batch_size=args.batch_size,
+                        calib_tokens=args.calib_tokens, calib_data=args.calib_data, attn_impl=args.attn_impl,
+                        device=args.device)
+    if not args.no_table:
+        print(render_report(load_records([args.out])))
+        print()
+    print(json.dumps(summary))
+    return 0

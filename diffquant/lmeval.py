@@ -1,0 +1,226 @@
+"""lm-evaluation-harness adapter (optional extra ``diffquant[lmeval]``): any lm-eval task runs on a diffquant model.
+
+``DiffquantLM`` is a ``lm_eval.api.model.TemplateLM`` whose scoring is :mod:`diffquant.evaluate`'s, so numbers
+match ``diffquant sweep`` and ``evaluate_task`` exactly:
+
+* ``loglikelihood``: :func:`~diffquant.evaluate.encode_pair` (lm-eval's ``_encode_pair``, plus BOS before the
+  context when ``bos=True``, the default, because the project's models are trained with BOS before every
+  document; ``bos=False`` is lm-eval's own tokenisation) and :func:`~diffquant.evaluate.score_requests`;
+* ``loglikelihood_rolling``: lm-eval's disjoint rolling windows of ``max_length`` tokens after the prefix token
+  (:func:`~diffquant.evaluate.rolling_requests`);
+* ``generate_until``: greedy decoding without a KV cache (:func:`~diffquant.generate.greedy_generate`), cut at
+  the first stop string; sampling is refused.
+
+lm_eval is imported only when the class is first used, so ``import diffquant.lmeval`` works without it::
+
+    from diffquant.lmeval import DiffquantLM
+    import lm_eval
+    lm = DiffquantLM(pretrained="runs/small-diff/final", quant='{"logits": {"bits": 4}}', batch_size=16)
+    lm_eval.simple_evaluate(model=lm, tasks=["hellaswag"], limit=100)
+
+:func:`register` adds the name ``diffquant`` to lm-eval's model registry, for code that picks models by name:
+``simple_evaluate(model="diffquant", model_args="pretrained=runs/small-diff/final,batch_size=16", ...)``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+__all__ = ["lm_class", "register"]  # and DiffquantLM, built on first access (module __getattr__)
+
+REGISTERED_NAME = "diffquant"
+GENERATE_STEP = 16  # tokens generated between checks for a stop string
+_CLASS = None
+
+
+def _import_lm_eval():
+    try:
+        import lm_eval  # noqa: F401
+        from lm_eval.api.model import TemplateLM
+    except ImportError as exc:
+        raise ImportError("the lm-eval adapter needs lm-eval: pip install 'diffquant[lmeval]'") from exc
+    return TemplateLM
+
+
+def lm_class():
+    """The ``TemplateLM`` subclass, built on first use (lm_eval is optional)."""
+    global _CLASS
+    if _CLASS is None:
+        _CLASS = _build(_import_lm_eval())
+    return _CLASS
+
+
+def register(name: str = REGISTERED_NAME):
+    """Register the adapter with lm-eval's model registry as ``name`` (``--model diffquant``); idempotent."""
+    from lm_eval.api import registry
+
+    cls = lm_class()
+    if registry.MODEL_REGISTRY.get(name, None) is not cls:
+        registry.register_model(name)(cls)
+    return cls
+
+
+def __getattr__(name: str):
+    if name == "DiffquantLM":
+        return lm_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _load_model(pretrained, quant, device: str, calib_tokens: int, seed: int):
+    """A diffquant model from a checkpoint path (or as given), quantized when ``quant`` says so."""
+    import torch
+
+    from .checkpoint import load_checkpoint
+    from .quant import QuantConfig, quantize_model
+
+    model = load_checkpoint(pretrained, device=device) if isinstance(pretrained, (str, os.PathLike)) else pretrained
+    if quant is None or quant == "":
+        return model
+    config = quant if isinstance(quant, QuantConfig) else QuantConfig.from_json(str(quant))
+    calib = None
+    if config.weights is not None and config.weights.method == "gptq":
+        from .evaluate import model_max_len
+        from .sweep import calibration_batch
+        from .tokenizer import tokenizer_for
+
+        if not isinstance(pretrained, (str, os.PathLike)):
+            raise ValueError("GPTQ through the adapter needs a checkpoint path (for its tokenizer and calibration)")
+        calib = calibration_batch(tokenizer_for(pretrained), model_max_len(model), calib_tokens, seed)
+        calib = calib.to(next(model.parameters()).device, dtype=torch.long)
+    return quantize_model(model, config, calib=calib)
+
+
+def _as_int(value, name: str, default: int) -> int:
+    """lm-eval passes command-line values as strings (and ``batch_size="auto"``)."""
+    if value is None or value == "auto":
+        return default
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be an integer, got {value!r}") from None
+
+
+def _as_bool(value) -> bool:
+    return value if isinstance(value, bool) else str(value).strip().lower() in ("1", "true", "yes")
+
+
+def _build(TemplateLM):
+    from .evaluate import encode_pair, model_max_len, rolling_requests, score_requests
+    from .tokenizer import Tokenizer, tokenizer_for
+
+    class DiffquantLM(TemplateLM):
+        """A diffquant model (checkpoint path or module, optionally quantized) as an lm-eval ``TemplateLM``.
+
+        pretrained: checkpoint folder / ``.gguf`` path, or a model (then pass ``tokenizer``).
+        tokenizer: a :class:`~diffquant.tokenizer.Tokenizer` or its file; default the checkpoint's own.
+        quant: a ``QuantConfig``, its JSON text or a JSON file; GPTQ calibrates on ``calib_tokens`` tokens of
+            the train split.
+        bos: put BOS before every context (the project's training format); False = lm-eval's tokenisation.
+        """
+
+        def __init__(self, pretrained=None, tokenizer=None, quant=None, batch_size=8, device="cpu", bos=True,
+                     max_length=None, calib_tokens=32768, seed=0, max_batch_size=None, **kwargs):
+            super().__init__()
+            if pretrained is None:
+                raise ValueError("DiffquantLM needs pretrained= (a checkpoint path or a model)")
+            if kwargs:
+                log.warning("DiffquantLM ignores %s", ", ".join(sorted(kwargs)))
+            self.model = _load_model(pretrained, quant, str(device), _as_int(calib_tokens, "calib_tokens", 32768),
+                                     _as_int(seed, "seed", 0)).eval()
+            if isinstance(tokenizer, Tokenizer):
+                self.tok = tokenizer
+            elif tokenizer is not None:
+                self.tok = Tokenizer.load(tokenizer)
+            elif isinstance(pretrained, (str, os.PathLike)):
+                self.tok = tokenizer_for(Path(pretrained))
+            else:
+                raise ValueError("pass tokenizer= with a model object")
+            self.batch_size = _as_int(batch_size, "batch_size", 8)
+            self.max_length = _as_int(max_length, "max_length", model_max_len(self.model))
+            self.bos = _as_bool(bos)
+            self._device = str(device)
+
+        # --- tokenizer
+        @property
+        def eot_token_id(self) -> int:
+            eot = self.tok.eos_id if self.tok.eos_id is not None else self.tok.bos_id
+            if eot is None:
+                raise ValueError("the tokenizer has neither an EOS nor a BOS token")
+            return eot
+
+        @property
+        def prefix_token_id(self) -> int:
+            return self.tok.bos_id if self.tok.bos_id is not None else self.eot_token_id
+
+        def tok_encode(self, string: str, add_special_tokens=None, **kwargs) -> list[int]:
+            return self.tok.encode(string)
+
+        def tok_decode(self, tokens, **kwargs) -> str:
+            return self.tok.decode(tokens)
+
+        # --- scoring
+        def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs):
+            scores = score_requests(self.model, [(ctx, cont) for _, ctx, cont in requests], self.batch_size,
+                                    self.max_length, progress=not disable_tqdm, desc="loglikelihood")
+            return [(s["ll"], s["greedy"]) for s in scores]
+
+        def loglikelihood(self, requests, disable_tqdm: bool = False):
+            pairs = [req.args for req in requests]
+            encoded = [(pair, *encode_pair(self.tok, pair[0], pair[1], bos=self.bos)) for pair in pairs]
+            results = self._loglikelihood_tokens(encoded, disable_tqdm=disable_tqdm)
+            for pair, result in zip(pairs, results):
+                self.cache_hook.add_partial("loglikelihood", pair, result)
+            return results
+
+        def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
+            flat, owners = [], []
+            for k, req in enumerate(requests):
+                ids = self.tok.encode(req.args[0])
+                if ids:
+                    windows = rolling_requests([self.prefix_token_id, *ids], self.max_length)
+                    flat += windows
+                    owners += [k] * len(windows)
+            scores = score_requests(self.model, flat, self.batch_size, self.max_length, progress=not disable_tqdm,
+                                    desc="loglikelihood_rolling") if flat else []
+            totals = [0.0] * len(requests)
+            for k, s in zip(owners, scores):
+                totals[k] += s["ll"]
+            for req, total in zip(requests, totals):
+                self.cache_hook.add_partial("loglikelihood_rolling", (req.args[0],), total)
+            return totals
+
+        def generate_until(self, requests, disable_tqdm: bool = False):
+            return [self._generate(*req.args) for req in requests]
+
+        def _generate(self, context: str, gen_kwargs: dict) -> str:
+            import torch
+
+            from .generate import greedy_generate
+
+            kwargs = dict(gen_kwargs or {})
+            if _as_bool(kwargs.get("do_sample", False)) or float(kwargs.get("temperature", 0.0) or 0.0) > 0:
+                raise ValueError("DiffquantLM generates greedily only (do_sample=False, temperature=0)")
+            until = kwargs.get("until") or []
+            until = [until] if isinstance(until, str) else list(until)
+            max_new = _as_int(kwargs.get("max_gen_toks"), "max_gen_toks", 256)
+            prompt = ([self.prefix_token_id] if self.bos else []) + self.tok.encode(context)
+            ids = torch.tensor([prompt or [self.prefix_token_id]], device=next(self.model.parameters()).device)
+            start, text = ids.shape[1], ""
+            while ids.shape[1] - start < max_new:
+                step = min(GENERATE_STEP, max_new - (ids.shape[1] - start))
+                ids = greedy_generate(self.model, ids, step, eos_id=self.eot_token_id)
+                new = ids[0, start:].tolist()
+                stopped = self.eot_token_id in new
+                text = self.tok.decode(new[:new.index(self.eot_token_id)] if stopped else new)
+                if stopped or any(s in text for s in until):
+                    break
+            for s in until:
+                text = text.split(s)[0]
+            self.cache_hook.add_partial("generate_until", (context, gen_kwargs), text)
+            return text
+
+    return DiffquantLM

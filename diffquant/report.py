@@ -1,0 +1,502 @@
+"""Degradation tables and Figure-8-style plots made from sweep records only (JSON lines; no model is loaded).
+
+A sweep (:mod:`diffquant.sweep`) writes one record per (checkpoint, quantization scheme, bits, task). Here:
+
+* :func:`read_records` reads JSONL files (a truncated last line, left by an interrupted sweep, is skipped);
+* :func:`degradation_rows` pairs every quantized record with its checkpoint's 16-bit record on the same
+  task, items and windows, and computes the delta with a paired 95% bootstrap interval: over items for
+  accuracies (:func:`~diffquant.evaluate.paired_bootstrap` on per-item correctness, plus the exact McNemar p),
+  over windows for perplexity (:func:`~diffquant.evaluate.paired_bootstrap_ppl`; LAMBADA's perplexity is
+  ``exp(-mean item log-likelihood)``, i.e. windows of one token-weight per item);
+* :func:`comparison_rows` sets a Diff model against a Transformer at the same scheme, task and bits: the
+  difference of their degradations with a joint bootstrap interval (the same items / windows in all four
+  runs). It is reported as the **Diff advantage**: positive = Diff lost less. For accuracy it is
+  ``Δacc(Diff) − Δacc(Transformer)`` (:func:`~diffquant.evaluate.difference_of_degradations`); for
+  perplexity, ``Δloss(Transformer) − Δloss(Diff)`` with ``Δloss = ln(ppl_q / ppl_16)`` in nats per token,
+  which is scale-free, so models with different base perplexities compare fairly;
+* :func:`render_report` prints them (markdown / latex: one wide table per scheme, columns = bits from 16 down,
+  accuracies in %; csv: one tidy row per number, raw values) and :func:`plot_degradation` draws the curves.
+
+The 16-bit record is the unquantized model and belongs to no scheme: it is the first column of every scheme's
+table. Records are identified by :func:`record_key`; when a file holds the same key twice the last one wins.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+import math
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from tabulate import tabulate
+
+from .evaluate import difference_of_degradations, mcnemar_exact, paired_arrays, paired_bootstrap, paired_bootstrap_ppl
+from .tables import FORMATS
+
+log = logging.getLogger(__name__)
+
+BASELINE_BITS = 16
+# What makes two records the same measurement (resuming skips a cell whose key is already in the file).
+KEY_FIELDS = ("checkpoint", "target", "bits", "granularity", "group_size", "calib_tokens", "task", "limit", "seed",
+              "attn_impl")
+# A quantized record's baseline: the same checkpoint, data and evaluation settings at 16 bits.
+BASELINE_FIELDS = ("checkpoint", "task", "limit", "seed", "attn_impl")
+METRICS = {"perplexity": ("perplexity",), "multiple_choice": ("acc", "acc_norm"), "lambada": ("acc", "perplexity")}
+PRIMARY_METRIC = {"perplexity": "perplexity", "multiple_choice": "acc_norm", "lambada": "acc"}
+ACCURACY_KEYS = {"acc": "correct", "acc_norm": "correct_norm"}
+ARCH_NAMES = {"transformer": "Transformer", "diff": "Diff"}
+CSV_HEADER = ["section", "scheme", "model", "arch", "task", "metric", "bits", "value", "delta", "low", "high",
+              "p_mcnemar", "n"]
+
+
+# ---------------------------------------------------------------------------------------------------- records
+
+def record_key(rec: dict) -> tuple:
+    return tuple(_hashable(rec.get(f)) for f in KEY_FIELDS)
+
+
+def baseline_key(rec: dict) -> tuple:
+    return tuple(_hashable(rec.get(f)) for f in BASELINE_FIELDS)
+
+
+def _hashable(value):
+    return json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else value
+
+
+def read_records(path: str | os.PathLike, missing_ok: bool = False) -> list[dict]:
+    """The records of one JSONL file, in order. A last line cut short (no newline, not JSON) is skipped with a
+    warning: an interrupted writer leaves exactly that. Any other bad line is a one-line ValueError."""
+    path = Path(path)
+    if not path.is_file():
+        if missing_ok:
+            return []
+        raise FileNotFoundError(f"records file not found: {path}")
+    text = path.read_text(encoding="utf-8")
+    lines = text.split("\n")
+    records = []
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            if lineno == len(lines):  # the unterminated last line
+                log.warning("%s:%d: skipping a truncated last line (interrupted sweep?)", path, lineno)
+                continue
+            raise ValueError(f"{path}:{lineno}: not a JSON record") from None
+        if not isinstance(rec, dict) or not {"checkpoint", "bits", "task", "kind", "metrics"} <= rec.keys():
+            raise ValueError(f"{path}:{lineno}: not a sweep record (needs checkpoint, bits, task, kind, metrics)")
+        records.append(rec)
+    return records
+
+
+def load_records(paths: Sequence[str | os.PathLike]) -> list[dict]:
+    """Records of all files, duplicates (same :func:`record_key`) resolved in favour of the last one."""
+    latest: dict[tuple, dict] = {}
+    for path in paths:
+        for rec in read_records(path):
+            key = record_key(rec)
+            if key in latest:
+                log.warning("%s: a second record for %s; keeping the later one", path, key)
+            latest[key] = rec
+    if not latest:
+        raise ValueError(f"no records in {', '.join(str(p) for p in paths)}")
+    return list(latest.values())
+
+
+def scheme_of(rec: dict) -> str:
+    """A short name of the quantization scheme: ``attn_logits/tensor``, ``weights-gptq/g128``, ``16-bit``."""
+    if rec["bits"] == BASELINE_BITS or rec.get("target") is None:
+        return "16-bit"
+    if rec["target"].startswith("weights"):
+        return f"{rec['target']}/" + (f"g{rec['group_size']}" if rec.get("group_size") else "channel")
+    return f"{rec['target']}/{rec.get('granularity') or 'tensor'}"
+
+
+def model_label(rec: dict) -> str:
+    return rec.get("label") or Path(rec["checkpoint"]).name
+
+
+def _unique_labels(records: Sequence[dict]) -> list[dict]:
+    """Records whose label is shared by two checkpoints get the checkpoint path as label (rows stay apart)."""
+    owners: dict[str, set] = {}
+    for r in records:
+        owners.setdefault(model_label(r), set()).add(r["checkpoint"])
+    return [r if len(owners[model_label(r)]) == 1 else {**r, "label": r["checkpoint"]} for r in records]
+
+
+def task_label(rec: dict) -> str:
+    return rec["task"] if rec.get("limit") is None else f"{rec['task']} (limit {rec['limit']})"
+
+
+# ---------------------------------------------------------------------------------------------------- statistics
+
+@dataclass
+class Cell:
+    """One number of a degradation table; delta/low/high/p are None at 16 bits (or without a baseline)."""
+
+    scheme: str
+    model: str
+    arch: str | None
+    task: str
+    kind: str  # "perplexity" | "multiple_choice" | "lambada"
+    metric: str
+    bits: int
+    value: float
+    n: int
+    delta: float | None = None
+    low: float | None = None
+    high: float | None = None
+    p: float | None = None
+    checkpoint: str = field(default="", repr=False)
+
+
+def metric_value(rec: dict, metric: str) -> float:
+    return float(rec["metrics"][metric])
+
+
+def _n(rec: dict) -> int:
+    m = rec["metrics"]
+    return int(m["n"] if "n" in m else m["windows"])
+
+
+def _windows(rec: dict, metric: str) -> list:
+    """[sum nats, tokens] per window (LAMBADA: one window of weight 1 per item, ordered by id)."""
+    if rec["kind"] == "lambada" and metric == "perplexity":
+        return [[-r["ll"], 1] for r in sorted(rec["metrics"]["items"], key=lambda r: r["id"])]
+    return rec["metrics"]["window_losses"]
+
+
+def _check_windows(base: dict, quant: dict) -> None:
+    ids_a, ids_b = base["metrics"].get("window_ids"), quant["metrics"].get("window_ids")
+    if ids_a != ids_b:
+        raise ValueError(f"{quant['checkpoint']} {quant['task']}: the 16-bit and {quant['bits']}-bit records "
+                         "scored different windows")
+
+
+def paired_delta(base: dict, quant: dict, metric: str, n_boot: int = 10000, seed: int = 0) -> dict:
+    """``quant − base`` for ``metric`` with its paired interval (and McNemar p for accuracies)."""
+    if metric in ACCURACY_KEYS:
+        a, b = paired_arrays(base["metrics"], quant["metrics"], ACCURACY_KEYS[metric])
+        out = paired_bootstrap(a, b, n=n_boot, seed=seed)
+        return {"delta": out["delta"], "low": out["low"], "high": out["high"], "p": mcnemar_exact(a, b)}
+    if base["kind"] == "perplexity":
+        _check_windows(base, quant)
+    else:
+        paired_arrays(base["metrics"], quant["metrics"], "ll")  # the same item ids, or a one-line error
+    out = paired_bootstrap_ppl(_windows(base, metric), _windows(quant, metric), n=n_boot, seed=seed)
+    return {"delta": out["delta"], "low": out["low"], "high": out["high"], "p": None}
+
+
+def _selected_metrics(rec: dict, metrics: Sequence[str] | None) -> list[str]:
+    return [m for m in METRICS[rec["kind"]] if metrics is None or m in metrics]
+
+
+def check_metrics(records: Iterable[dict], metrics: Sequence[str] | None) -> None:
+    if metrics is None:
+        return
+    known = {m for rec in records for m in METRICS[rec["kind"]]}
+    unknown = sorted(set(metrics) - known)
+    if unknown:
+        raise ValueError(f"unknown metric {', '.join(unknown)}; these records have {', '.join(sorted(known))}")
+
+
+def _baselines(records: Iterable[dict]) -> dict[tuple, dict]:
+    return {baseline_key(r): r for r in records if r["bits"] == BASELINE_BITS}
+
+
+def degradation_rows(records: Sequence[dict], metrics: Sequence[str] | None = None, n_boot: int = 10000,
+                     seed: int = 0) -> list[Cell]:
+    """One :class:`Cell` per (scheme, model, task, metric, bits); 16-bit cells repeated in every scheme."""
+    check_metrics(records, metrics)
+    records = _unique_labels(records)
+    base = _baselines(records)
+    quantized = [r for r in records if r["bits"] != BASELINE_BITS]
+    schemes = list(dict.fromkeys(scheme_of(r) for r in quantized)) or ["16-bit"]
+    cells = []
+    for scheme in schemes:
+        members = [r for r in quantized if scheme_of(r) == scheme]
+        # every baseline of a checkpoint/task this scheme touches (all baselines when there is no scheme)
+        wanted = {baseline_key(r) for r in members} if members else set(base)
+        for rec in [base[k] for k in base if k in wanted] + members:
+            ref = base.get(baseline_key(rec)) if rec["bits"] != BASELINE_BITS else None
+            for metric in _selected_metrics(rec, metrics):
+                cell = Cell(scheme, model_label(rec), rec.get("arch"), task_label(rec), rec["kind"], metric,
+                            rec["bits"], metric_value(rec, metric), _n(rec), checkpoint=rec["checkpoint"])
+                if ref is not None:
+                    for k, v in paired_delta(ref, rec, metric, n_boot, seed).items():
+                        setattr(cell, k, v)
+                cells.append(cell)
+    return cells
+
+
+@dataclass
+class Comparison:
+    """Diff against Transformer at one scheme, task, metric and bits; ``advantage`` > 0: Diff lost less."""
+
+    scheme: str
+    task: str
+    metric: str
+    bits: int
+    transformer: str
+    diff: str
+    delta_transformer: float  # accuracy: Δacc; perplexity: Δloss = ln(ppl_q / ppl_16)
+    delta_diff: float
+    advantage: float
+    low: float
+    high: float
+    n: int
+
+
+def comparison_rows(records: Sequence[dict], metrics: Sequence[str] | None = None, n_boot: int = 10000,
+                    seed: int = 0) -> list[Comparison]:
+    """Every (Transformer, Diff) pair measured at the same scheme, task (items), metric and quantized bits."""
+    check_metrics(records, metrics)
+    records = _unique_labels(records)
+    base = _baselines(records)
+    groups: dict[tuple, dict[str, list[dict]]] = {}
+    for rec in records:
+        if rec["bits"] == BASELINE_BITS or rec.get("arch") not in ARCH_NAMES or baseline_key(rec) not in base:
+            continue
+        where = (scheme_of(rec), rec["task"], rec.get("limit"), rec.get("seed"), rec["bits"])
+        groups.setdefault(where, {}).setdefault(rec["arch"], []).append(rec)
+    out = []
+    for (scheme, _, _, _, bits), by_arch in groups.items():
+        for qt in by_arch.get("transformer", []):
+            for qd in by_arch.get("diff", []):
+                bt, bd = base[baseline_key(qt)], base[baseline_key(qd)]
+                for metric in _selected_metrics(qt, metrics):
+                    row = _compare(bt, qt, bd, qd, metric, n_boot, seed)
+                    if row is not None:
+                        out.append(Comparison(scheme, task_label(qt), metric, bits, model_label(qt),
+                                              model_label(qd), **row))
+    return out
+
+
+def _compare(bt, qt, bd, qd, metric: str, n_boot: int, seed: int) -> dict | None:
+    if not _same_units([bt, qt, bd, qd]):
+        log.warning("%s: the two models were scored on different items or windows (tokenizer or max_seq_len "
+                    "differ); no comparison", qt["task"])
+        return None
+    if metric in ACCURACY_KEYS:
+        key = ACCURACY_KEYS[metric]
+        (a0, a1), (b0, b1) = (paired_arrays(bt["metrics"], qt["metrics"], key),
+                              paired_arrays(bd["metrics"], qd["metrics"], key))
+        d = difference_of_degradations(a0, a1, b0, b1, n=n_boot, seed=seed)
+        return {"delta_transformer": d["delta_a"], "delta_diff": d["delta_b"], "advantage": d["difference"],
+                "low": d["low"], "high": d["high"], "n": d["n_items"]}
+    windows = [np.asarray(_windows(r, metric), dtype=np.float64) for r in (bt, qt, bd, qd)]
+    return _loss_advantage(*windows, n_boot=n_boot, seed=seed)
+
+
+def _same_units(recs: Sequence[dict]) -> bool:
+    """The runs scored the same items (by id) or, for text, the same windows of the same tokenisation."""
+    def units(rec: dict):
+        m = rec["metrics"]
+        if "items" in m:
+            return sorted(item["id"] for item in m["items"])
+        return (rec.get("tokenizer_sha256"), m.get("max_len"), m.get("windows_total"), m.get("window_ids"),
+                [w[1] for w in m["window_losses"]])
+
+    first = units(recs[0])
+    return all(units(r) == first for r in recs[1:])
+
+
+def _loss_advantage(bt, qt, bd, qd, n_boot: int, seed: int, level: float = 0.95) -> dict:
+    """``Δloss(Transformer) − Δloss(Diff)`` over windows, with a percentile bootstrap (windows resampled jointly)."""
+    tokens = bt[:, 1]
+    gain = (qt[:, 0] - bt[:, 0]) - (qd[:, 0] - bd[:, 0])  # nats per window the Transformer lost beyond Diff
+    rng = np.random.default_rng(seed)
+    m = tokens.size
+    chunk = max(1, 2_000_000 // m)
+    values = []
+    for start in range(0, n_boot, chunk):
+        idx = rng.integers(0, m, size=(min(chunk, n_boot - start), m))
+        values.append(gain[idx].sum(1) / tokens[idx].sum(1))
+    tail = (1 - level) / 2 * 100
+    low, high = np.percentile(np.concatenate(values), [tail, 100 - tail])
+    total = tokens.sum()
+    return {"delta_transformer": float((qt[:, 0] - bt[:, 0]).sum() / total),
+            "delta_diff": float((qd[:, 0] - bd[:, 0]).sum() / total),
+            "advantage": float(gain.sum() / total), "low": float(low), "high": float(high), "n": int(m)}
+
+
+# ---------------------------------------------------------------------------------------------------- rendering
+
+def _is_acc(metric: str) -> bool:
+    return metric in ACCURACY_KEYS
+
+
+def fixed(value: float, digits: int, signed: bool = False) -> str:
+    """``value`` with about ``digits`` significant digits in fixed-point notation (never 1e+04)."""
+    if not math.isfinite(value) or value == 0:
+        decimals = digits - 1
+    else:
+        decimals = max(0, digits - 1 - math.floor(math.log10(abs(value))))
+    return f"{value:+.{decimals}f}" if signed else f"{value:.{decimals}f}"
+
+
+def format_value(value: float, metric: str) -> str:
+    """Accuracies in % with two decimals; perplexities with four significant digits."""
+    return f"{100 * value:.2f}" if _is_acc(metric) else fixed(value, 4)
+
+
+def format_delta(value: float, metric: str) -> str:
+    return f"{100 * value:+.2f}" if _is_acc(metric) else fixed(value, 3, signed=True)
+
+
+def format_cell(cell: Cell) -> str:
+    """``62.50`` at 16 bits; ``61.25 (-1.25 [-4.00, +1.50], p=0.63)`` for a quantized accuracy."""
+    text = format_value(cell.value, cell.metric)
+    if cell.delta is None:
+        return text
+    inner = (f"{format_delta(cell.delta, cell.metric)} [{format_delta(cell.low, cell.metric)}, "
+             f"{format_delta(cell.high, cell.metric)}]")
+    if cell.p is not None:
+        inner += f", p={cell.p:.2g}"
+    return f"{text} ({inner})"
+
+
+def _bits_columns(bits: Iterable[int]) -> list[int]:
+    return sorted(set(bits), key=lambda b: (b != BASELINE_BITS, -b))
+
+
+def degradation_table(cells: Sequence[Cell], fmt: str = "markdown") -> str:
+    """Wide table of one scheme: rows model × task × metric, columns bits (16 first, then descending)."""
+    columns = _bits_columns(c.bits for c in cells)
+    rows: dict[tuple, dict[int, str]] = {}
+    for c in cells:
+        metric = f"{c.metric} (%)" if _is_acc(c.metric) else c.metric
+        rows.setdefault((c.model, c.task, metric), {})[c.bits] = format_cell(c)
+    body = [[*key, *(row.get(b) for b in columns)] for key, row in rows.items()]
+    return _render(["model", "task", "metric", *[f"{b} bit" for b in columns]], body, fmt)
+
+
+def comparison_table(rows: Sequence[Comparison], fmt: str = "markdown") -> str:
+    body = []
+    for r in rows:
+        unit = f"{r.metric} (pp)" if _is_acc(r.metric) else f"{r.metric} (Δ ln ppl)"
+        d = [format_advantage(v, r.metric) for v in (r.delta_transformer, r.delta_diff, r.advantage, r.low, r.high)]
+        body.append([r.task, unit, str(r.bits), f"{r.transformer} vs {r.diff}", d[0], d[1], f"{d[2]} [{d[3]}, {d[4]}]",
+                     str(r.n)])
+    header = ["task", "metric", "bits", "models", "Transformer Δ", "Diff Δ", "Diff advantage [95% CI]", "n"]
+    return _render(header, body, fmt)
+
+
+def format_advantage(value: float, metric: str) -> str:
+    """Percentage points for accuracies, nats per token (4 decimals) for perplexity."""
+    return f"{100 * value:+.2f}" if _is_acc(metric) else f"{value:+.4f}"
+
+
+def _render(header: list[str], rows: list[list], fmt: str) -> str:
+    """Cells are pre-formatted strings: tabulate must not re-parse them as numbers."""
+    text = tabulate(rows, headers=header, tablefmt=FORMATS[fmt], disable_numparse=True, missingval="–")
+    return text.replace("Δ", r"$\Delta$").replace("–", "--") if fmt == "latex" else text
+
+
+def render_csv(header: list[str], rows: list[list]) -> str:
+    """Full-precision numbers (``repr``), empty cells for None."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(header)
+    writer.writerows([["" if c is None else repr(c) if isinstance(c, float) else c for c in row] for row in rows])
+    return buf.getvalue().rstrip("\n")
+
+
+def _heading(text: str, fmt: str) -> str:
+    return f"% {text}" if fmt == "latex" else f"### {text}"
+
+
+def render_report(records: Sequence[dict], fmt: str = "markdown", metrics: Sequence[str] | None = None,
+                  n_boot: int = 10000, seed: int = 0) -> str:
+    """The degradation tables (one per scheme) and the Diff-vs-Transformer section, in ``fmt``."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r}; choose one of markdown, csv, latex")
+    cells = degradation_rows(records, metrics, n_boot, seed)
+    comparisons = comparison_rows(records, metrics, n_boot, seed)
+    if fmt == "csv":
+        return render_csv(CSV_HEADER, csv_rows(cells, comparisons))
+    parts = []
+    for scheme in dict.fromkeys(c.scheme for c in cells):
+        title = f"{scheme}: value at each bit width (change from 16 bits [paired 95% CI], McNemar p)"
+        parts += [_heading(title, fmt), "", degradation_table([c for c in cells if c.scheme == scheme], fmt), ""]
+        mine = [r for r in comparisons if r.scheme == scheme]
+        if mine:
+            title = f"{scheme}: Diff vs Transformer, difference of degradations (positive = Diff lost less)"
+            parts += [_heading(title, fmt), "", comparison_table(mine, fmt), ""]
+    return "\n".join(parts).rstrip("\n")
+
+
+def csv_rows(cells: Sequence[Cell], comparisons: Sequence[Comparison]) -> list[list]:
+    """Tidy rows (raw values, accuracies as fractions) under :data:`CSV_HEADER`."""
+    rows = [["degradation", c.scheme, c.model, c.arch, c.task, c.metric, c.bits, c.value, c.delta, c.low, c.high,
+             c.p, c.n] for c in cells]
+    rows += [["diff_vs_transformer", r.scheme, f"{r.diff} vs {r.transformer}", "diff-transformer", r.task, r.metric,
+              r.bits, None, r.advantage, r.low, r.high, None, r.n] for r in comparisons]
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------------- plots
+
+def plot_degradation(records: Sequence[dict], path: str | os.PathLike, metrics: Sequence[str] | None = None,
+                     n_boot: int = 10000, seed: int = 0) -> Path:
+    """Figure 8: metric against bits (16 → 4, left to right), one line per model, one panel per
+    (scheme, task, metric). Error bars at quantized bits span the paired 95% interval of the delta, placed
+    at the 16-bit value plus the delta's bounds; the 16-bit point has none. Default metrics: acc_norm for
+    multiple choice, acc for LAMBADA, perplexity for text."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; never a window
+    import matplotlib.pyplot as plt
+
+    from .io import atomic_path
+    from .plots import STYLE
+
+    cells = degradation_rows(records, metrics, n_boot, seed)
+    if metrics is None:
+        cells = [c for c in cells if c.metric == PRIMARY_METRIC[c.kind]]
+    panels = list(dict.fromkeys((c.scheme, c.task, c.metric) for c in cells))
+    ncols = min(3, len(panels))
+    nrows = math.ceil(len(panels) / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.8 * ncols, 3.6 * nrows), squeeze=False)
+    for ax, (scheme, task, metric) in zip(axes.flat, panels):
+        mine = [c for c in cells if (c.scheme, c.task, c.metric) == (scheme, task, metric)]
+        columns = _bits_columns(c.bits for c in mine)
+        for i, model in enumerate(dict.fromkeys(c.checkpoint for c in mine)):
+            _plot_model(ax, [c for c in mine if c.checkpoint == model], columns, STYLE, i)
+        scale = 100 if _is_acc(metric) else 1
+        ax.set(xticks=range(len(columns)), xticklabels=[str(b) for b in columns], xlabel="bits",
+               ylabel=f"{metric} (%)" if scale == 100 else metric, title=f"{task}\n{scheme}")
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return Path(path)
+
+
+def _plot_model(ax, cells: Sequence[Cell], columns: list[int], style: dict, i: int) -> None:
+    by_bits = {c.bits: c for c in cells}
+    xs = [columns.index(b) for b in columns if b in by_bits]
+    pts = [by_bits[b] for b in columns if b in by_bits]
+    scale = 100 if _is_acc(pts[0].metric) else 1
+    ys = [scale * c.value for c in pts]
+    base = by_bits.get(BASELINE_BITS)
+    lower, upper = [], []
+    for c, y in zip(pts, ys):
+        if c.delta is None or base is None:
+            lower.append(0.0)
+            upper.append(0.0)
+        else:  # the interval of the delta, placed at the 16-bit value
+            lower.append(max(0.0, y - scale * (base.value + c.low)))
+            upper.append(max(0.0, scale * (base.value + c.high) - y))
+    color = style.get(pts[0].arch, f"C{i + 2}")
+    ax.errorbar(xs, ys, yerr=[lower, upper], fmt="-o", color=color, capsize=3, label=pts[0].model)

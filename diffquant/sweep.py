@@ -1,0 +1,414 @@
+"""Degradation sweeps: every checkpoint × bit width × task, one JSON record each, appended to a JSONL file.
+
+A sweep quantizes one *target* at the given bit widths and scores each result on each task:
+
+* targets: ``attn_logits``, ``qk``, ``probs``, ``hidden`` (dynamic absmax at those probes), ``linear_inputs``
+  (the inputs of the blocks' Linear layers), ``weights-rtn``, ``weights-gptq`` (the blocks' Linear weights);
+* 16 bits is the unquantized model (the paper's convention), for weight targets too. It belongs to no
+  target, so one baseline record per checkpoint and task serves every target swept into the same file;
+* tasks: perplexity on ``wikitext2`` (WikiText-2 test), ``test`` / ``validation`` (the held-out books),
+  ``tinystories`` (the cased sample), any calib source name or a text file; zero-shot multiple choice on the
+  tasks of :mod:`diffquant.tasks` (``hellaswag``, ``copa``, ...), or ``TASK:PATH`` for another file in that
+  task's format;
+* ``limit``: a fixed seeded subset of N items (multiple choice) or of N rolling windows (perplexity; each
+  window is ``max_seq_len`` tokens, lm-eval's disjoint windows), the same subset for every model and bit width.
+
+Records (one JSON object per line) hold the metrics with their per-item / per-window results (for the paired
+statistics of :mod:`diffquant.report`), the quantization config, the settings, the model config and versions.
+The file is resumable: a cell whose :func:`~diffquant.report.record_key` is already there is skipped; each
+checkpoint is loaded once and its float model is scored once per task. Each line is written in one call and
+flushed, so an interruption loses at most the record in progress (a cut-off last line is removed on resume).
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import logging
+import math
+import os
+import platform
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from .checkpoint import load_checkpoint
+from .data import SOURCES, data_fingerprint, documents, encode_documents
+from .evaluate import evaluate_task, model_max_len, rolling_requests, score_requests, text_perplexity
+from .quant import ActQuant, QuantConfig, WeightQuant, quantize_model
+from .report import BASELINE_BITS, read_records, record_key
+from .tasks import TASKS, canonical_task, load_task, subset_ids
+from .tokenizer import default_tokenizer_path, tokenizer_for
+
+log = logging.getLogger(__name__)
+
+SCHEMA = 1
+# target -> the QuantConfig field it sets (activation targets) or the weight method
+ACT_TARGETS = {"attn_logits": "logits", "qk": "qk", "probs": "probs", "hidden": "hidden",
+               "linear_inputs": "activations"}
+WEIGHT_TARGETS = {"weights-rtn": "rtn", "weights-gptq": "gptq"}
+TARGETS = (*ACT_TARGETS, *WEIGHT_TARGETS)
+PERPLEXITY_TASKS = {"wikitext2": "wikitext2-test", "test": "test", "validation": "validation",
+                    "tinystories": "tinystories-cased"}
+DEFAULT_CALIB_TOKENS = 32768
+ATTN_IMPLS = ("eager", "sdpa")
+
+
+# ---------------------------------------------------------------------------------------------------- settings
+
+@dataclass(frozen=True)
+class Scheme:
+    """What is quantized and how, apart from the bit width."""
+
+    target: str
+    granularity: str | None = None  # activation targets
+    group_size: int | None = None  # weight targets
+    calib_tokens: int | None = None  # GPTQ
+
+    def config(self, bits: int) -> QuantConfig:
+        """The QuantConfig at ``bits`` (16 = the unquantized model: an empty config)."""
+        if bits == BASELINE_BITS:
+            return QuantConfig()
+        if self.target in WEIGHT_TARGETS:
+            return QuantConfig(weights=WeightQuant(WEIGHT_TARGETS[self.target], bits, self.group_size))
+        return QuantConfig(**{ACT_TARGETS[self.target]: ActQuant(bits, self.granularity)})
+
+    def fields(self, bits: int) -> dict:
+        """The record fields that name the scheme; all None at 16 bits (the baseline of every scheme)."""
+        if bits == BASELINE_BITS:
+            return {"target": None, "granularity": None, "group_size": None, "calib_tokens": None}
+        return {"target": self.target, "granularity": self.granularity, "group_size": self.group_size,
+                "calib_tokens": self.calib_tokens}
+
+
+def make_scheme(target: str, granularity: str | None = None, group_size: int | None = None,
+                calib_tokens: int | None = None) -> Scheme:
+    if target not in TARGETS:
+        raise ValueError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}")
+    if target in WEIGHT_TARGETS:
+        if granularity is not None:
+            raise ValueError("--granularity applies to activation targets; weight targets take --group-size")
+        if target == "weights-gptq":
+            calib_tokens = DEFAULT_CALIB_TOKENS if calib_tokens is None else calib_tokens
+            _positive("calib_tokens", calib_tokens)
+        else:
+            calib_tokens = None
+        if group_size is not None:
+            _positive("group_size", group_size)
+        scheme = Scheme(target, None, group_size, calib_tokens)
+    else:
+        if group_size is not None:
+            raise ValueError("--group-size applies to weight targets only")
+        scheme = Scheme(target, granularity or "tensor")
+    scheme.config(4)  # the quantizer's own checks (granularity names, 'head' on hidden states, ...)
+    return scheme
+
+
+def check_bits(scheme: Scheme, bits: Sequence[int]) -> list[int]:
+    """The bit widths, 16 first and without repeats; each is checked by building its config."""
+    if not bits:
+        raise ValueError("no bit widths to sweep")
+    top = 8 if scheme.target in WEIGHT_TARGETS else 15
+    for b in bits:
+        if isinstance(b, bool) or not isinstance(b, int) or not (2 <= b <= top or b == BASELINE_BITS):
+            raise ValueError(f"bits must be 16 (unquantized) or an integer in 2..{top} for {scheme.target}, "
+                             f"got {b!r}")
+        scheme.config(b)  # raises a one-line ValueError for combinations the quantizer refuses
+    order = list(dict.fromkeys(bits))
+    return sorted(order, key=lambda b: b != BASELINE_BITS)
+
+
+def _positive(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Task:
+    """A resolved task: ``name`` goes into the records; ``source`` is a documents() spec or an item file."""
+
+    name: str
+    kind: str  # "perplexity" | "multiple_choice" | "lambada"
+    source: str | None = None
+
+
+def resolve_task(name: str) -> Task:
+    """A perplexity set (named or a file), a zero-shot task, or ``TASK:PATH`` (a file in TASK's format)."""
+    name = name.strip()
+    if name in PERPLEXITY_TASKS:
+        return Task(name, "perplexity", PERPLEXITY_TASKS[name])
+    if name in SOURCES:
+        return Task(name, "perplexity", name)
+    try:
+        key = canonical_task(name)
+        return Task(key, TASKS[key].kind)
+    except ValueError:
+        pass
+    head, sep, path = name.partition(":")
+    if sep and head.strip().lower() and path:
+        try:
+            key = canonical_task(head)
+        except ValueError:
+            key = None
+        if key is not None:
+            return Task(f"{key}:{path}", TASKS[key].kind, path)
+    if Path(name).is_file():
+        return Task(os.path.normpath(name), "perplexity", name)
+    known = [*PERPLEXITY_TASKS, *TASKS]
+    raise ValueError(f"unknown task {name!r}; choose one of {', '.join(known)}, a calib source, a text file, "
+                     "or TASK:PATH")
+
+
+def _task_data(task: Task, limit: int | None, seed: int):
+    """Documents of a perplexity task; for zero-shot tasks the items are loaded once to fail early."""
+    if task.kind == "perplexity":
+        return documents(task.source)
+    return load_task(task.name.partition(":")[0], limit=limit, seed=seed, path=task.source)
+
+
+# ---------------------------------------------------------------------------------------------------- scoring
+
+def document_windows(tokenizer, docs, max_len: int) -> list[tuple[list[int], list[int]]]:
+    """The rolling-window requests of :func:`~diffquant.evaluate.text_perplexity`, document by document."""
+    prefix = tokenizer.bos_id if tokenizer.bos_id is not None else tokenizer.eos_id
+    if prefix is None:
+        raise ValueError("the tokenizer has neither a BOS nor an EOS token to start each document with")
+    requests = []
+    for doc in docs:
+        ids = tokenizer.encode(getattr(doc, "text", doc))
+        if ids:
+            requests += rolling_requests([prefix, *ids], max_len)
+    if not requests:
+        raise ValueError("no text to score: every document is empty")
+    return requests
+
+
+def perplexity_metrics(model, tokenizer, docs, limit: int | None = None, seed: int = 0, batch_size: int = 8,
+                       progress: bool = True) -> dict:
+    """Rolling perplexity of ``docs``: all windows (:func:`text_perplexity`) or a seeded subset of ``limit``."""
+    if limit is None:
+        return text_perplexity(model, tokenizer, docs, batch_size=batch_size, progress=progress)
+    max_len = model_max_len(model)
+    requests = document_windows(tokenizer, docs, max_len)
+    chosen = subset_ids(len(requests), limit, seed)
+    scores = score_requests(model, [requests[i] for i in chosen], batch_size, max_len, progress, desc="perplexity")
+    window_losses = [[-s["ll"], s["tokens"]] for s in scores]
+    nll = math.fsum(w[0] for w in window_losses)
+    tokens = sum(w[1] for w in window_losses)
+    return {"loss": nll / tokens, "perplexity": math.exp(nll / tokens), "tokens": tokens,
+            "windows": len(window_losses), "windows_total": len(requests), "max_len": max_len, "stride": max_len,
+            "window_ids": chosen, "window_losses": window_losses}
+
+
+def evaluate_cell(model, tokenizer, task: Task, data, limit: int | None, seed: int, batch_size: int,
+                  progress: bool = True) -> dict:
+    """The metrics of one (model, task) cell."""
+    if task.kind == "perplexity":
+        return perplexity_metrics(model, tokenizer, data, limit, seed, batch_size, progress)
+    return evaluate_task(model, tokenizer, task.name.partition(":")[0], limit=limit, seed=seed,
+                         batch_size=batch_size, progress=progress, path=task.source)
+
+
+# ---------------------------------------------------------------------------------------------------- calibration
+
+def calibration_batch(tokenizer, seq_len: int, n_tokens: int, seed: int = 0, data: str = "train") -> torch.Tensor:
+    """``ceil(n_tokens / seq_len)`` windows of ``seq_len`` tokens at seeded random offsets of ``data``: the train
+    split (cached tokens with the project tokenizer) or any documents() spec encoded with ``tokenizer``."""
+    ids = _calibration_ids(tokenizer, data)
+    if ids.size <= seq_len:
+        raise ValueError(f"calibration data {data!r} has {ids.size} tokens, not enough for a {seq_len}-token window")
+    rows = math.ceil(n_tokens / seq_len)
+    starts = np.random.default_rng(seed).integers(0, ids.size - seq_len + 1, size=rows)
+    return torch.from_numpy(np.stack([ids[s:s + seq_len] for s in starts]).astype(np.int64))
+
+
+def _calibration_ids(tokenizer, data: str) -> np.ndarray:
+    own = tokenizer.path is not None and Path(tokenizer.path).resolve() == default_tokenizer_path().resolve()
+    if own and data == "train":
+        from .train import split_tokens  # cached on disk
+
+        return split_tokens("train")[0]
+    return encode_documents(tokenizer, documents(data))
+
+
+# ---------------------------------------------------------------------------------------------------- records
+
+def model_label(path: str | os.PathLike) -> str:
+    """``run/final`` -> ``run``; ``run/step100`` -> ``run/step100``; ``x.gguf`` -> ``x``; else the name."""
+    p = Path(path)
+    if p.name == "final":
+        return p.parent.name
+    if p.name.startswith("step"):
+        return f"{p.parent.name}/{p.name}"
+    return p.stem if p.is_file() else p.name
+
+
+def checkpoint_sha256(path: str | os.PathLike) -> str:
+    """sha256 of a checkpoint's files (a folder's regular files with their names, or one file)."""
+    path = Path(path)
+    files = sorted(f for f in path.iterdir() if f.is_file()) if path.is_dir() else [path]
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode() + b"\0")
+        with f.open("rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+def versions() -> dict:
+    from . import __version__
+
+    return {"diffquant": __version__, "torch": torch.__version__, "numpy": np.__version__,
+            "python": platform.python_version()}
+
+
+def _repair_tail(path: Path) -> None:
+    """Drop a cut-off last line (an interrupted write) so appended records start on a fresh line."""
+    if not path.is_file():
+        return
+    data = path.read_bytes()
+    if not data or data.endswith(b"\n"):
+        return
+    cut = data.rfind(b"\n") + 1
+    try:
+        json.loads(data[cut:])
+    except ValueError:
+        log.warning("%s: removing a truncated last line", path)
+        os.truncate(path, cut)
+        return
+    with path.open("ab") as fh:
+        fh.write(b"\n")
+
+
+def _append(fh, record: dict) -> None:
+    fh.write(json.dumps(record) + "\n")  # one call per line: a crash leaves whole lines or one cut-off tail
+    fh.flush()
+    os.fsync(fh.fileno())
+
+
+# ---------------------------------------------------------------------------------------------------- the sweep
+
+@dataclass
+class _Checkpoint:
+    path: str
+    sha256: str
+    cells: list[tuple[int, Task]]  # still to do
+
+
+def run_sweep(checkpoints: Sequence[str | os.PathLike], out: str | os.PathLike, target: str,
+              bits: Sequence[int] = (16, 8, 6, 4), tasks: Sequence[str] = ("wikitext2",),
+              granularity: str | None = None, group_size: int | None = None, limit: int | None = None,
+              seed: int = 0, batch_size: int = 8, calib_tokens: int | None = None, calib_data: str = "train",
+              attn_impl: str = "eager", device: str = "cpu", progress: bool = True) -> dict:
+    """Score every checkpoint × bits × task not yet in ``out``; returns ``{"out", "written", "skipped"}``.
+
+    Everything is checked before the first model is loaded (targets, bits, tasks and their data, limit,
+    checkpoints exist, ``out`` holds no records of a different checkpoint at the same path).
+    """
+    scheme = make_scheme(target, granularity, group_size, calib_tokens)
+    bits = check_bits(scheme, bits)
+    if limit is not None:
+        _positive("limit", limit)
+    _positive("batch_size", batch_size)
+    if attn_impl not in ATTN_IMPLS:
+        raise ValueError(f"unknown attn_impl {attn_impl!r}; choose one of {', '.join(ATTN_IMPLS)}")
+    resolved = list({t.name: t for t in map(resolve_task, tasks)}.values())
+    if not resolved:
+        raise ValueError("no tasks given")
+    checkpoints = list(dict.fromkeys(os.path.normpath(str(c)) for c in checkpoints))
+    for ckpt in checkpoints:
+        if not Path(ckpt).exists():
+            raise FileNotFoundError(f"checkpoint {ckpt} does not exist")
+    data = {t.name: _task_data(t, limit, seed) for t in resolved}
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    existing = read_records(out, missing_ok=True)
+    todo = [_plan(ckpt, existing, scheme, bits, resolved, limit, seed, attn_impl) for ckpt in checkpoints]
+    total = len(checkpoints) * len(bits) * len(resolved)
+    settings = {"limit": limit, "seed": seed, "attn_impl": attn_impl, "batch_size": batch_size, "device": device}
+    _repair_tail(out)
+    written = 0
+    with out.open("a", encoding="utf-8") as fh, tqdm(total=total, desc="sweep", disable=not progress) as bar:
+        bar.update(total - sum(len(c.cells) for c in todo))
+        for ckpt in todo:
+            if ckpt.cells:
+                written += _sweep_checkpoint(ckpt, scheme, data, settings, calib_data, fh, bar, progress)
+    log.info("%s: %d records written, %d already there", out, written, total - written)
+    return {"out": str(out), "written": written, "skipped": total - written}
+
+
+def _plan(path: str, existing: list[dict], scheme: Scheme, bits: list[int], tasks: list[Task], limit, seed,
+          attn_impl) -> _Checkpoint:
+    """The cells of one checkpoint that ``existing`` lacks (after checking it is the same checkpoint)."""
+    sha = checkpoint_sha256(path)
+    other = {r.get("checkpoint_sha256") for r in existing if r["checkpoint"] == path} - {sha}
+    if other:
+        raise ValueError(f"the records file holds results of a different checkpoint at {path} "
+                         "(its files changed): write to a new --out")
+    done = {record_key(r) for r in existing}
+    cells = [(b, t) for b in bits for t in tasks
+             if record_key(_key_fields(path, scheme, b, t, limit, seed, attn_impl)) not in done]
+    return _Checkpoint(path, sha, cells)
+
+
+def _key_fields(path: str, scheme: Scheme, bits: int, task: Task, limit, seed, attn_impl) -> dict:
+    return {"checkpoint": path, **scheme.fields(bits), "bits": bits, "task": task.name, "limit": limit,
+            "seed": seed, "attn_impl": attn_impl}
+
+
+def _sweep_checkpoint(ckpt: _Checkpoint, scheme: Scheme, data: dict, settings: dict, calib_data: str, fh, bar,
+                      progress: bool) -> int:
+    model = load_checkpoint(ckpt.path, device=settings["device"], attn_impl=settings["attn_impl"])
+    tokenizer = tokenizer_for(ckpt.path)
+    about = {"checkpoint_sha256": ckpt.sha256, "label": model_label(ckpt.path), "arch": model.config.arch,
+             "model": model.config.to_dict(), "params": sum(p.numel() for p in model.parameters()),
+             "tokenizer": tokenizer.path,
+             "tokenizer_sha256": hashlib.sha256(Path(tokenizer.path).read_bytes()).hexdigest() if tokenizer.path
+             else None}
+    calib = None
+    written = 0
+    for bits in dict.fromkeys(b for b, _ in ckpt.cells):
+        config = scheme.config(bits)
+        start = time.perf_counter()
+        if bits == BASELINE_BITS:
+            qmodel = model
+        else:
+            if scheme.target == "weights-gptq" and calib is None:
+                calib = calibration_batch(tokenizer, model_max_len(model), scheme.calib_tokens, settings["seed"],
+                                          calib_data).to(settings["device"])
+            qmodel = quantize_model(model, config, calib=calib)
+        quantize_s = time.perf_counter() - start
+        for b, task in ckpt.cells:
+            if b != bits:
+                continue
+            record = _score(qmodel, tokenizer, task, data[task.name], ckpt, scheme, bits, config, settings,
+                            calib_data, progress)
+            _append(fh, {**record, **about, "quantize_s": quantize_s})
+            written += 1
+            bar.update(1)
+        del qmodel
+    return written
+
+
+def _score(model, tokenizer, task: Task, data, ckpt: _Checkpoint, scheme: Scheme, bits: int,
+           config: QuantConfig, settings: dict, calib_data: str, progress: bool) -> dict:
+    start = time.perf_counter()
+    metrics = evaluate_cell(model, tokenizer, task, data, settings["limit"], settings["seed"],
+                            settings["batch_size"], progress)
+    wall = time.perf_counter() - start
+    key = _key_fields(ckpt.path, scheme, bits, task, settings["limit"], settings["seed"], settings["attn_impl"])
+    record = {"schema": SCHEMA, **key, "kind": task.kind, "quant": config.to_dict(),
+              "calib_data": calib_data if key["calib_tokens"] else None,
+              "batch_size": settings["batch_size"], "device": settings["device"], "metrics": metrics,
+              "versions": versions(), "wall_time_s": wall,
+              "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    if task.kind == "perplexity":
+        record["data_sha256"] = data_fingerprint(data)
+    return record
