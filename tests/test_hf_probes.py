@@ -241,7 +241,7 @@ def test_profile_command_profiles_any_hf_folder_natively_with_load_for_profiling
     shutil.copyfile(default_tokenizer_path(), folder / "tokenizer.json")
     text = tmp_path / "sample.txt"
     text.write_text(load_documents("tinystories-cased")[0].text[:2000])
-    monkeypatch.setattr(command, "load_checkpoint", load_for_profiling)
+
     out = tmp_path / "p.json"
     assert main(["profile", str(folder), "--data", str(text), "--tokens", "256", "--seq-len", "32",
                  "--topk", "10", "--json", str(out)]) == 0

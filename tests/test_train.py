@@ -69,9 +69,9 @@ def test_resume_after_interrupt_is_bit_identical(tmp_path, shakespeare_bytes, mo
 def test_init_from_continues_from_given_weights(tmp_path, shakespeare_bytes):
     train_ids, val_ids = shakespeare_bytes
     cfg = ModelConfig.preset("tiny", attn_impl="sdpa")
-    first = train(cfg, tiny_run(), tmp_path / "a", train_ids, val_ids)
-    more = train(cfg, tiny_run(tokens=10 * 8 * 32, warmup_steps=1, lr=1e-3), tmp_path / "b", train_ids, val_ids,
-                 init_from=tmp_path / "a" / "final")
+    first = train(cfg, tiny_run(tokens=10 * 8 * 32, eval_every=5), tmp_path / "a", train_ids, val_ids)
+    more = train(cfg, tiny_run(tokens=5 * 8 * 32, warmup_steps=1, lr=1e-3, eval_every=5), tmp_path / "b",
+                 train_ids, val_ids, init_from=tmp_path / "a" / "final")
     assert more["history"]["val"][0]["loss"] < first["history"]["val"][0]["loss"]
     assert more["init_from"].endswith("final")
 

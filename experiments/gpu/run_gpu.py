@@ -35,8 +35,8 @@ from diffquant.train import TrainConfig, split_tokens, train
 
 FULL = {"preset": "base", "tokens": 20_000_000, "batch": 32, "seq_len": 1024, "lr": 1e-3, "profile_tokens": 409_600,
         "tasks": {"hellaswag": None, "wikitext2": None}, "device": "cuda"}
-DRY = {"preset": "tiny", "tokens": 16 * 64 * 6, "batch": 16, "seq_len": 64, "lr": 3e-3, "profile_tokens": 4096,
-       "tasks": {"hellaswag": 12, "wikitext2": 6}, "device": "cpu",
+DRY = {"preset": "tiny", "tokens": 8 * 64 * 4, "batch": 8, "seq_len": 64, "lr": 3e-3, "profile_tokens": 2048,
+       "tasks": {"hellaswag": 4, "wikitext2": 2}, "device": "cpu",
        "overrides": {"vocab_size": 8192}}  # the project tokenizer's vocabulary
 
 
