@@ -153,7 +153,8 @@ def _pool_layers(prof: _Profiler) -> dict[str, tuple[SiteStats, list[tuple[int, 
     """Per kind: all layers' stats merged in layer order, with the matching concatenated call log."""
     pooled = {}
     for entry in sorted(prof.logs.values(), key=lambda e: e.layer):
-        stats, calls = pooled.setdefault(entry.kind, (SiteStats(topk=prof.topk, exact_median=prof.exact_median), []))
+        fresh = SiteStats(topk=prof.topk, exact_median=prof.exact_median, channel_dim=None if entry.stats.channels is None else -1)
+        stats, calls = pooled.setdefault(entry.kind, (fresh, []))
         stats.merge(entry.stats)
         calls.extend(entry.calls)
     return pooled
