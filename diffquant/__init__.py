@@ -2,11 +2,11 @@
 
 import logging
 
+from . import quant
 from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from .config import ModelConfig
 from .model import LM, build_model, num_params
 from .probes import Probe, hooked, probes
-from . import quant
 from .profile import OutlierReport, profile
 from .quant.api import quantize, quantize_
 

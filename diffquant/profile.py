@@ -153,7 +153,8 @@ def _pool_layers(prof: _Profiler) -> dict[str, tuple[SiteStats, list[tuple[int, 
     """Per kind: all layers' stats merged in layer order, with the matching concatenated call log."""
     pooled = {}
     for entry in sorted(prof.logs.values(), key=lambda e: e.layer):
-        fresh = SiteStats(topk=prof.topk, exact_median=prof.exact_median, channel_dim=None if entry.stats.channels is None else -1)
+        channel_dim = None if entry.stats.channels is None else -1
+        fresh = SiteStats(topk=prof.topk, exact_median=prof.exact_median, channel_dim=channel_dim)
         stats, calls = pooled.setdefault(entry.kind, (fresh, []))
         stats.merge(entry.stats)
         calls.extend(entry.calls)

@@ -204,7 +204,8 @@ def train(
             done = step + 1
             elapsed = wall_before + time.time() - t_start
             bar.update(1)
-            bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{(done - start) * cfg.batch_size * cfg.seq_len / max(1e-9, time.time() - t_start):.0f}")
+            tok_s = (done - start) * cfg.batch_size * cfg.seq_len / max(1e-9, time.time() - t_start)
+            bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tok_s:.0f}")
             if done % cfg.eval_every == 0 or done == cfg.steps:
                 vloss = mean_loss(model, val, cfg.batch_size, device, cfg.bf16)
                 history["val"].append({"step": done, "tokens": done * cfg.batch_size * cfg.seq_len, "loss": vloss})

@@ -30,7 +30,7 @@ def bench(preset: str, impl: str, batch: int, seq_len: int, repeats: int, device
               for arch in ("transformer", "diff")}
     ids = torch.randint(0, models["diff"].config.vocab_size, (batch, seq_len), device=device)
     times = {arch: [] for arch in models}
-    for arch, model in models.items():  # warm-up
+    for model in models.values():  # warm-up
         time_forward(model, ids)
     for _ in range(repeats):
         for arch, model in models.items():
@@ -47,7 +47,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
-    results = [bench(args.preset, impl, args.batch, args.seq_len, args.repeats, args.device) for impl in ("eager", "sdpa")]
+    results = [bench(args.preset, impl, args.batch, args.seq_len, args.repeats, args.device)
+               for impl in ("eager", "sdpa")]
     for r in results:
         t = r["tokens_per_s"]
         print(f"{r['impl']:>5}: transformer {t['transformer']:9.0f} tok/s   diff {t['diff']:9.0f} tok/s   "

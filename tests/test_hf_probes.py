@@ -230,10 +230,9 @@ def test_stories260k_hf_folder_profiles_natively_and_through_the_cli(tmp_path):
         assert record["sites"][site]["count"] == report.sites[site]["count"]
 
 
-def test_profile_command_profiles_any_hf_folder_natively_with_load_for_profiling(tmp_path, monkeypatch):
-    """The one-line change proposed for commands/profile.py (load_for_profiling instead of load_checkpoint),
+def test_profile_command_profiles_any_hf_folder_natively(tmp_path):
+    """`diffquant profile` loads HF folders with load_for_profiling,
     shown on a GPT-2 folder, which cannot be converted: hidden states and attention logits, HF's tokenizer."""
-    import diffquant.commands.profile as command
 
     folder = tmp_path / "gpt2"
     config = GPT2Config(vocab_size=8192, n_embd=32, n_layer=2, n_head=4, n_positions=64, bos_token_id=0, eos_token_id=0)
