@@ -5,7 +5,7 @@ import torch
 
 from diffquant import ModelConfig
 
-torch.set_num_threads(2)
+torch.set_num_threads(1)  # tiny tensors: one thread avoids pool overhead and oversubscription
 
 
 @pytest.fixture(autouse=True)
