@@ -157,19 +157,31 @@ class Attention(nn.Module):
         return outs[0] - self.lambda_full().to(outs[1].dtype) * outs[1]
 
 
+def _split_value(attend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """softmax(q kᵀ)·[V1|V2] = [softmax(q kᵀ)·V1 | softmax(q kᵀ)·V2] (official flashdiff_2): fused kernels want
+    equal q/k/v widths — flash-attn requires it and torch's CPU sdpa falls back to a 3× slower path without it."""
+    d = q.shape[-1]
+    if v.shape[-1] == d:
+        return attend(q, k, v)
+    return torch.cat([attend(q, k, v[..., i:i + d]) for i in range(0, v.shape[-1], d)], dim=-1)
+
+
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """softmax(q kᵀ·scale) v, causal; v may be wider than q and k (Diff: 2d), which sdpa supports."""
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+    """softmax(q kᵀ·scale) v, causal, with torch's fused scaled_dot_product_attention."""
+    return _split_value(lambda q_, k_, v_: F.scaled_dot_product_attention(q_, k_, v_, is_causal=True, scale=scale),
+                        q, k, v)
 
 
 def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """flash-attn needs equal q/k/v widths: split a 2d-wide value into d-wide halves (official flashdiff_2)."""
+    """The same with flash-attn (GPU), whose layout is (B, T, H, d)."""
     flash_attn_func = _import_flash()
-    d = q.shape[-1]
-    halves = [v[..., i:i + d] for i in range(0, v.shape[-1], d)]
-    qt, kt = q.transpose(1, 2), k.transpose(1, 2)  # (B, T, H, d): flash-attn's layout
-    outs = [flash_attn_func(qt, kt, h.transpose(1, 2), causal=True, softmax_scale=scale) for h in halves]
-    return torch.cat(outs, dim=-1).transpose(1, 2)  # (B, H, T, v width)
+
+    def attend(q_, k_, v_):
+        out = flash_attn_func(q_.transpose(1, 2), k_.transpose(1, 2), v_.transpose(1, 2), causal=True,
+                              softmax_scale=scale)
+        return out.transpose(1, 2)
+
+    return _split_value(attend, q, k, v)
 
 
 def _import_flash():
