@@ -121,9 +121,11 @@ def _degradation(args, out: Path, stories) -> dict:
             run_sweep(args.pair, records_path, target, bits=bits, tasks=[task], limit=_limit(task, args),
                       seed=0, **common, **extra)
     if stories is not None:
-        for task in ("tinystories", "hellaswag"):
-            run_sweep([stories], records_path, "attn_logits", bits=(16, 8, 6, 4), tasks=[task],
-                      limit=_limit(task, args), seed=0, **common)
+        # its GGUF declares a 2048-token context: the same token budget as the pair means fewer windows
+        windows = max(2, args.ppl_windows * 256 // load_checkpoint(stories).config.max_seq_len)
+        for task, limit in (("tinystories", windows), ("hellaswag", args.limit)):
+            run_sweep([stories], records_path, "attn_logits", bits=(16, 8, 6, 4), tasks=[task], limit=limit,
+                      seed=0, **common)
     records = read_records(records_path)
     text = render_report(records, fmt="markdown")
     print(text)
