@@ -23,8 +23,7 @@ import shutil
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save, save_file
+from safetensors.torch import save, save_file
 from torch import nn
 
 from diffquant.quant.act import InputQuantLinear, QuantProbe
@@ -160,6 +159,8 @@ def load_quantized(path: str | Path, device: str | torch.device = "cpu", dtype: 
     path = Path(path)
     info = read_quant_info(path)
     model = build_model(read_config(path))
+    from diffquant.checkpoint import _read_tensors  # lazy, see _checkpoint_error; same checks as float checkpoints
+
     restore_quantized_(model, info, _read_tensors(path / WEIGHTS_FILE), where=str(path))
     if attn_impl is not None and attn_impl != "eager" and _has_attention_quantizers(model):
         raise _checkpoint_error(f"{path} quantizes attention tensors, which exist only with attn_impl='eager'")
@@ -170,20 +171,6 @@ def load_quantized(path: str | Path, device: str | torch.device = "cpu", dtype: 
 
 def _has_attention_quantizers(model: nn.Module) -> bool:
     return any(isinstance(m, QuantProbe) and m.kind.startswith("attn_") for m in model.modules())
-
-
-def _read_tensors(weights: Path) -> dict[str, torch.Tensor]:
-    if not weights.is_file():
-        raise _checkpoint_error(f"{weights.parent} has no {WEIGHTS_FILE}")
-    try:
-        tensors = load_file(str(weights))
-    except (SafetensorError, OSError, RuntimeError, ValueError) as exc:
-        first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise _checkpoint_error(f"{weights} is corrupt or truncated ({first_line})") from None
-    for name, t in tensors.items():
-        if t.is_floating_point() and not torch.isfinite(t).all():
-            raise _checkpoint_error(f"{weights}: tensor {name} contains NaN or Inf")
-    return tensors
 
 
 def restore_quantized_(model: nn.Module, info: dict, tensors: dict[str, torch.Tensor], where: str = "") -> nn.Module:
