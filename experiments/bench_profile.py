@@ -123,12 +123,13 @@ def main() -> None:
     if args.memory_child:
         memory_child(args.memory_child[0], int(args.memory_child[1]))
         return
-    t = time_part(args.preset, args.tokens, args.repeats)
-    for name, ratio in t["ratio_to_plain"].items():
-        print(f"time {name:16s} {t['seconds'][name]:7.2f} s   x{ratio:5.2f} of plain")
+    # memory first: Linux keeps ru_maxrss across fork+exec, so children must start from a small parent
     m = memory_part(args.memory_tokens)
     for name, mib in m.items():
         print(f"peak memory {name:22s} {mib:8.0f} MiB")
+    t = time_part(args.preset, args.tokens, args.repeats)
+    for name, ratio in t["ratio_to_plain"].items():
+        print(f"time {name:16s} {t['seconds'][name]:7.2f} s   x{ratio:5.2f} of plain")
     lp = long_part(args.long_tokens, 512)
     print(f"long input: {lp['tokens']} tokens, chunk {lp['chunk']}: {lp['seconds']:.1f} s, "
           f"{lp['logits_counted']} logits counted, peak {lp['peak_rss_mib']:.0f} MiB")
