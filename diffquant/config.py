@@ -13,6 +13,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from .io import dump_json
+
 ARCHS = ("transformer", "diff")
 ATTN_IMPLS = ("eager", "sdpa", "flash")
 
@@ -116,10 +118,7 @@ class ModelConfig:
         return dataclasses.asdict(self)
 
     def to_json(self, path: str | Path | None = None) -> str:
-        text = json.dumps(self.to_dict(), indent=2, sort_keys=True)
-        if path is not None:
-            Path(path).write_text(text + "\n")
-        return text
+        return dump_json(self.to_dict(), path)
 
     @classmethod
     def from_dict(cls, data: dict) -> ModelConfig:

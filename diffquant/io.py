@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,3 +25,11 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     with atomic_path(path) as tmp:
         tmp.write_text(text)
     return Path(path)
+
+
+def dump_json(data: dict, path: str | os.PathLike | None = None) -> str:
+    """Stable JSON text of ``data`` (sorted keys); written atomically to ``path`` when given."""
+    text = json.dumps(data, indent=2, sort_keys=True)
+    if path is not None:
+        atomic_write_text(path, text + "\n")
+    return text

@@ -26,6 +26,8 @@ import numbers
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..io import dump_json
+
 __all__ = ["ACT_GRANULARITIES", "PROBE_TARGETS", "WEIGHT_METHODS", "ActQuant", "QuantConfig", "WeightQuant"]
 
 WEIGHT_METHODS = ("rtn", "gptq", "bnb-int8", "bnb-nf4", "bnb-fp4")
@@ -181,10 +183,7 @@ class QuantConfig:
                 for f in dataclasses.fields(self)}
 
     def to_json(self, path: str | Path | None = None) -> str:
-        text = json.dumps(self.to_dict(), indent=2, sort_keys=True)
-        if path is not None:
-            Path(path).write_text(text + "\n")
-        return text
+        return dump_json(self.to_dict(), path)
 
     @classmethod
     def from_dict(cls, data: dict) -> "QuantConfig":
