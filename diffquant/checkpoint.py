@@ -32,9 +32,10 @@ class CheckpointError(ValueError):
 
 def save_checkpoint(
     model: LM, path: str | Path, overwrite: bool = False, dtype: torch.dtype | None = None,
-    metadata: dict[str, str] | None = None,
+    metadata: dict[str, str] | None = None, files: dict[str, str | Path] | None = None,
 ) -> Path:
-    """Write ``model`` to the folder ``path`` (optionally cast to ``dtype``, e.g. fp16 for shipping)."""
+    """Write ``model`` to the folder ``path`` (optionally cast to ``dtype``, e.g. fp16 for shipping); ``files``
+    (name -> source path, e.g. the tokenizer) are copied in beside the weights."""
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise CheckpointError(f"{path} exists and is not a folder")
@@ -44,6 +45,8 @@ def save_checkpoint(
     with atomic_dir(path) as tmp:
         save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt", **(metadata or {})})
         (tmp / CONFIG_FILE).write_text(model.config.to_json() + "\n")
+        for name, source in (files or {}).items():
+            shutil.copyfile(source, tmp / name)
     log.info("saved %s (%d tensors)", path, len(tensors))
     return path
 

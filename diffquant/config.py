@@ -44,6 +44,7 @@ class ModelConfig:
     norm_eps: float = 1e-5
     tie_embeddings: bool = True
     attn_impl: str = "eager"
+    lambda_init: float | None = None  # Diff only: None = the paper's per-layer schedule; a number = that constant
 
     def __post_init__(self):
         if self.arch not in ARCHS:
@@ -57,6 +58,9 @@ class ModelConfig:
                 _require_positive(name, getattr(self, name))
         if self.rope_theta <= 0 or self.norm_eps <= 0:
             raise ValueError("rope_theta and norm_eps must be positive")
+        if self.lambda_init is not None and not (isinstance(self.lambda_init, (int, float))
+                                                 and math.isfinite(self.lambda_init)):
+            raise ValueError(f"lambda_init must be a finite number or null, got {self.lambda_init!r}")
         sub = self.sub_heads_per_head
         if self.head_dim is None and self.d_model % (self.n_heads * sub):
             raise ValueError(
@@ -72,6 +76,10 @@ class ModelConfig:
     @property
     def sub_heads_per_head(self) -> int:
         return 2 if self.arch == "diff" else 1
+
+    def lambda_init_at(self, layer: int) -> float:
+        """λ_init of 0-based ``layer``: the schedule, or the constant of the Table-6 ablation."""
+        return lambda_init_for_layer(layer) if self.lambda_init is None else float(self.lambda_init)
 
     @property
     def kv_heads(self) -> int:
@@ -164,4 +172,9 @@ PRESETS: dict[str, dict] = {
     "small": dict(vocab_size=8192, d_model=256, n_layers=4, n_heads=8, max_seq_len=256),
     # the GPU pair: ≈ 119M parameters, context 1024
     "base": dict(vocab_size=8192, d_model=768, n_layers=16, n_heads=12, max_seq_len=1024),
+    # the outlier regime, stories260K's shape (llama2.c doc/stories260K.md): ≈ 260K parameters, its 512-token
+    # SentencePiece vocabulary and 512-token context, SwiGLU width 172 as in that model
+    "xs": dict(vocab_size=512, d_model=64, n_layers=5, n_heads=8, n_kv_heads=4, ffn_dim=172, max_seq_len=512),
+    # twice as wide, deeper (λ_init reaches 0.73 at layer 7): ≈ 1.5M parameters, same vocabulary and context
+    "s": dict(vocab_size=512, d_model=128, n_layers=8, n_heads=8, max_seq_len=512),
 }

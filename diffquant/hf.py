@@ -73,6 +73,9 @@ def hf_config_dict(cfg: ModelConfig, bos_id: int | None = None, eos_id: int | No
         raise CheckpointError(
             f"DiffLlama uses rms_norm_eps ({cfg.norm_eps}) also in its head norm, whose eps is {SUBLN_EPS} in our "
             "Diff model: this model has no exact DiffLlama equivalent")
+    if cfg.arch == "diff" and cfg.lambda_init is not None:
+        raise CheckpointError(f"DiffLlama has no constant lambda_init ({cfg.lambda_init}): only the paper's "
+                              "per-layer schedule converts")
     sub = cfg.sub_heads_per_head  # DiffLlama counts d-wide half-heads
     return dict(
         model_type=model_type, architectures=[architecture], vocab_size=cfg.vocab_size, hidden_size=cfg.d_model,

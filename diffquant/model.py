@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import ATTN_IMPLS, ModelConfig, lambda_init_for_layer
+from .config import ATTN_IMPLS, ModelConfig
 from .probes import Probe
 
 INIT_STD = 0.02
@@ -67,6 +67,38 @@ def _repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     return x if n_rep == 1 else x.repeat_interleave(n_rep, dim=1)
 
 
+class KVCache:
+    """Rotated keys and values of the positions decoded so far, per layer, for incremental decoding.
+
+    Buffers are allocated once for ``max_len`` positions: keys (B, K·s, max_len, d), values (B, K, max_len, s·d).
+    ``LM.forward(ids, cache)`` appends ``ids``' positions and advances ``length`` after the last layer.
+    """
+
+    def __init__(self, cfg: ModelConfig, batch: int, max_len: int | None = None, device=None,
+                 dtype: torch.dtype = torch.float32):
+        max_len = max_len or cfg.max_seq_len
+        s, d = cfg.sub_heads_per_head, cfg.dim_head
+        self.keys = [torch.empty(batch, cfg.kv_heads * s, max_len, d, device=device, dtype=dtype)
+                     for _ in range(cfg.n_layers)]
+        self.values = [torch.empty(batch, cfg.kv_heads, max_len, s * d, device=device, dtype=dtype)
+                       for _ in range(cfg.n_layers)]
+        self.length = 0
+
+    def extend(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store the new positions of ``layer``; return its keys and values of every position so far."""
+        end = self.length + k.shape[-2]
+        if end > self.keys[layer].shape[-2]:
+            raise ValueError(f"the cache holds {self.keys[layer].shape[-2]} positions; {end} were asked for")
+        self.keys[layer][:, :, self.length:end] = k
+        self.values[layer][:, :, self.length:end] = v
+        return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep only these batch rows (e.g. drop finished sequences)."""
+        self.keys = [k[rows] for k in self.keys]
+        self.values = [v[rows] for v in self.values]
+
+
 class Attention(nn.Module):
     """Standard or differential causal self-attention with GQA and three interchangeable kernels."""
 
@@ -77,6 +109,7 @@ class Attention(nn.Module):
         self.n_heads, self.n_kv, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.dim_head
         self.n_rep = cfg.n_heads // cfg.kv_heads
         self.impl = cfg.attn_impl
+        self.layer = layer
         self.chunk: int | None = None  # eager only: process queries in chunks of this many (long inputs)
         self.q_proj = nn.Linear(cfg.d_model, cfg.q_dim, bias=False)
         self.k_proj = nn.Linear(cfg.d_model, cfg.kv_dim, bias=False)
@@ -85,7 +118,7 @@ class Attention(nn.Module):
         self.q, self.k = Probe("attn_q"), Probe("attn_k")
         self.logits, self.probs = Probe("attn_logits"), Probe("attn_probs")
         if self.is_diff:
-            self.lambda_init = lambda_init_for_layer(layer)
+            self.lambda_init = cfg.lambda_init_at(layer)
             for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
                 setattr(self, name, nn.Parameter(torch.zeros(self.head_dim).normal_(0.0, LAMBDA_STD)))
             self.subln = RMSNorm(2 * self.head_dim, eps=1e-5)
@@ -97,7 +130,8 @@ class Attention(nn.Module):
         lam2 = torch.exp(_wide(torch.sum(self.lambda_q2 * self.lambda_k2)))
         return lam1 - lam2 + self.lambda_init
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                cache: KVCache | None = None) -> torch.Tensor:
         B, T, _ = x.shape
         s, d = self.sub, self.head_dim
         q = self.q_proj(x).view(B, T, self.n_heads * s, d).transpose(1, 2)  # (B, H·s, T, d)
@@ -105,23 +139,27 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(B, T, self.n_kv, s * d).transpose(1, 2)  # (B, K, T, s·d)
         q = self.q(apply_rope(q, cos, sin))
         k = self.k(apply_rope(k, cos, sin))
+        q_offset = 0
+        if cache is not None:  # incremental decoding: attend to every cached position too
+            q_offset = cache.length
+            k, v = cache.extend(self.layer, k, v)  # (B, K·s, S, d), (B, K, S, s·d)
+        S = k.shape[-2]
         q = q.view(B, self.n_heads, s, T, d)  # (B, H, s, T, d): sub-heads 2i, 2i+1 -> head i, maps 0, 1
-        k = _repeat_kv(k.view(B, self.n_kv, s, T, d), self.n_rep)  # (B, H, s, T, d)
-        v = _repeat_kv(v, self.n_rep)  # (B, H, T, s·d)
+        k = k.view(B, self.n_kv, s, S, d)  # (B, K, s, S, d)
         if self.impl == "eager":
-            attn = self._eager(q, k, v)
+            attn = self._eager(q, _repeat_kv(k, self.n_rep), _repeat_kv(v, self.n_rep), q_offset)
         else:
-            attn = self._fused(q, k, v)  # (B, H, T, s·d)
+            attn = self._fused(q, k, v, q_offset)  # (B, H, T, s·d)
         if self.is_diff:
             attn = self.subln(attn) * (1 - self.lambda_init)
         attn = attn.transpose(1, 2).reshape(B, T, self.n_heads * s * d)  # (B, T, H·s·d)
         return self.out_proj(attn)
 
     # -- eager: the observable path -------------------------------------------------------------------
-    def _eager(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def _eager(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offset: int = 0) -> torch.Tensor:
         T = q.shape[-2]
         step = self.chunk or T
-        outs = [self._eager_chunk(q[..., i:i + step, :], k, v, i) for i in range(0, T, step)]
+        outs = [self._eager_chunk(q[..., i:i + step, :], k, v, q_offset + i) for i in range(0, T, step)]
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
 
     def _eager_chunk(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offset: int) -> torch.Tensor:
@@ -149,39 +187,48 @@ class Attention(nn.Module):
         return probe(maps.squeeze(2), q_offset).unsqueeze(2)
 
     # -- sdpa / flash: fused kernels that never materialise the logits ----------------------------------
-    def _fused(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def _fused(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offset: int) -> torch.Tensor:
+        """All maps in one kernel call (split only along the value width): the s maps become s·H query heads in
+        map-major order, so grouped-query attention pairs each with its own map's kv head without copies."""
         attend = _sdpa if self.impl == "sdpa" else _flash
-        outs = [attend(q[:, :, j], k[:, :, j], v, self.head_dim ** -0.5) for j in range(self.sub)]
+        B, H, s, T, d = q.shape
+        K, S = k.shape[1], k.shape[3]
+        qf = q.transpose(1, 2).reshape(B, s * H, T, d)  # (B, s·H, T, d), head j·H + h
+        kf = k.transpose(1, 2).reshape(B, s * K, S, d)  # (B, s·K, S, d), head j·K + g
+        vf = v.unsqueeze(1).expand(B, s, K, S, s * d).reshape(B, s * K, S, s * d)  # each map reads the same value
+        out = _split_value(attend, qf, kf, vf, self.head_dim ** -0.5, q_offset)  # (B, s·H, T, s·d)
         if not self.is_diff:
-            return outs[0]
-        return outs[0] - self.lambda_full().to(outs[1].dtype) * outs[1]
+            return out
+        out = out.view(B, s, H, T, s * d)
+        return out[:, 0] - self.lambda_full().to(out.dtype) * out[:, 1]  # (B, H, T, 2d)
 
 
-def _split_value(attend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def _split_value(attend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                 q_offset: int) -> torch.Tensor:
     """softmax(q kᵀ)·[V1|V2] = [softmax(q kᵀ)·V1 | softmax(q kᵀ)·V2] (official flashdiff_2): fused kernels want
     equal q/k/v widths — flash-attn requires it and torch's CPU sdpa falls back to a 3× slower path without it."""
     d = q.shape[-1]
     if v.shape[-1] == d:
-        return attend(q, k, v)
-    return torch.cat([attend(q, k, v[..., i:i + d]) for i in range(0, v.shape[-1], d)], dim=-1)
+        return attend(q, k, v, scale, q_offset)
+    return torch.cat([attend(q, k, v[..., i:i + d], scale, q_offset) for i in range(0, v.shape[-1], d)], dim=-1)
 
 
-def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """softmax(q kᵀ·scale) v, causal, with torch's fused scaled_dot_product_attention."""
-    return _split_value(lambda q_, k_, v_: F.scaled_dot_product_attention(q_, k_, v_, is_causal=True, scale=scale),
-                        q, k, v)
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, q_offset: int) -> torch.Tensor:
+    """softmax(q kᵀ·scale) v under the causal mask (queries start at position ``q_offset``), grouped-query."""
+    T, S = q.shape[-2], k.shape[-2]
+    gqa = q.shape[1] != k.shape[1]
+    if q_offset == 0 and T == S:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
+    keep = torch.arange(S, device=q.device)[None, :] <= torch.arange(q_offset, q_offset + T, device=q.device)[:, None]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, scale=scale, enable_gqa=gqa)
 
 
-def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """The same with flash-attn (GPU), whose layout is (B, T, H, d)."""
+def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, q_offset: int) -> torch.Tensor:
+    """The same with flash-attn (GPU), whose layout is (B, T, H, d); its causal mask aligns the last query with
+    the last key, which is the offset a KV cache gives."""
     flash_attn_func = _import_flash()
-
-    def attend(q_, k_, v_):
-        out = flash_attn_func(q_.transpose(1, 2), k_.transpose(1, 2), v_.transpose(1, 2), causal=True,
-                              softmax_scale=scale)
-        return out.transpose(1, 2)
-
-    return _split_value(attend, q, k, v)
+    out = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True, softmax_scale=scale)
+    return out.transpose(1, 2)
 
 
 def _import_flash():
@@ -217,8 +264,9 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
         self.out = Probe("hidden")  # the residual stream after both residual adds
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        h = x + self.attn(self.attn_norm(x), cos, sin)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                cache: KVCache | None = None) -> torch.Tensor:
+        h = x + self.attn(self.attn_norm(x), cos, sin, cache)
         return self.out(h + self.mlp(self.mlp_norm(h)))
 
 
@@ -235,21 +283,26 @@ class LM(nn.Module):
         if cfg.tie_embeddings:
             self.head.weight = self.embed.weight
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        self._check_input(input_ids)
+    def forward(self, input_ids: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """Logits [B, T, V]; with ``cache`` the tokens continue the cached positions (incremental decoding)."""
+        start = cache.length if cache is not None else 0
+        self._check_input(input_ids, start)
         T = input_ids.shape[1]
-        cos, sin = rope_cos_sin(T, self.config.dim_head, self.config.rope_theta, input_ids.device)
+        cos, sin = rope_cos_sin(start + T, self.config.dim_head, self.config.rope_theta, input_ids.device)
+        cos, sin = cos[start:], sin[start:]
         x = self.embed(input_ids)
         for block in self.layers:
-            x = block(x, cos, sin)
+            x = block(x, cos, sin, cache)
+        if cache is not None:
+            cache.length += T
         return self.head(self.norm(x))
 
-    def _check_input(self, input_ids: torch.Tensor) -> None:
+    def _check_input(self, input_ids: torch.Tensor, start: int = 0) -> None:
         if input_ids.ndim != 2 or input_ids.dtype not in (torch.int64, torch.int32):
             raise ValueError(f"input_ids must be an integer tensor [B, T], got {tuple(input_ids.shape)} "
                              f"{input_ids.dtype}")
-        T = input_ids.shape[1]
-        if T == 0 or T > self.config.max_seq_len:
+        T = start + input_ids.shape[1]
+        if input_ids.shape[1] == 0 or T > self.config.max_seq_len:
             raise ValueError(f"sequence length {T} is outside 1..{self.config.max_seq_len} (max_seq_len)")
         lo, hi = int(input_ids.min()), int(input_ids.max())
         if lo < 0 or hi >= self.config.vocab_size:
@@ -269,24 +322,31 @@ class LM(nn.Module):
         return self
 
 
-def _init_weights(model: LM) -> None:
-    """GPT-2 style: N(0, 0.02), residual output projections scaled by 1/√(2·n_layers); λ vectors keep N(0, 0.1)."""
+INITS = ("normal", "default")
+
+
+def _init_weights(model: LM, init: str = "normal") -> None:
+    """``normal``: GPT-2 style N(0, 0.02), residual output projections scaled by 1/√(2·n_layers) (nanoGPT,
+    llama2.c). ``default``: every Linear keeps PyTorch's default (kaiming-uniform, std 1/√(3·fan_in)) as the
+    official Diff-Transformer layers do; the (tied) embedding is N(0, 0.02) in both. λ vectors keep N(0, 0.1)."""
+    if init not in INITS:
+        raise ValueError(f"unknown init {init!r}; expected one of {', '.join(INITS)}")
     resid_std = INIT_STD / math.sqrt(2 * model.config.n_layers)
     for name, module in model.named_modules():
-        if isinstance(module, (nn.Linear, nn.Embedding)):
+        if isinstance(module, nn.Embedding) or (init == "normal" and isinstance(module, nn.Linear)):
             std = resid_std if name.endswith(("out_proj", "down_proj")) else INIT_STD
             nn.init.normal_(module.weight, 0.0, std)
 
 
-def build_model(cfg: ModelConfig, seed: int | None = None) -> LM:
-    """A freshly initialised model (deterministic when ``seed`` is given)."""
+def build_model(cfg: ModelConfig, seed: int | None = None, init: str = "normal") -> LM:
+    """A freshly initialised model (deterministic when ``seed`` is given); ``init`` is "normal" or "default"."""
     if cfg.attn_impl == "flash":
         _import_flash()
     with torch.random.fork_rng(enabled=seed is not None):
         if seed is not None:
             torch.manual_seed(seed)
         model = LM(cfg)
-        _init_weights(model)
+        _init_weights(model, init)
     return model
 
 

@@ -34,6 +34,10 @@ from .model import LM, build_model, num_params
 log = logging.getLogger(__name__)
 
 STATE_DIR, FINAL_DIR, SNAPSHOT_DIR, LOG_FILE = "state", "final", "snapshots", "train_log.json"
+BRANCH_DIR = "branches"  # resumable states of the stable phase: cooldowns branch from them
+SCHEDULES = ("cosine", "linear", "constant", "wsd")
+# Settings a cooldown branch must share with the run it branches from (same model, same data order).
+BRANCH_KEYS = ("batch_size", "seq_len", "lr", "seed", "beta1", "beta2", "weight_decay", "warmup_steps", "init")
 
 
 @dataclass(frozen=True)
@@ -44,7 +48,9 @@ class TrainConfig:
     lr: float = 2e-3
     min_lr_ratio: float = 0.1
     warmup_steps: int = 100
-    schedule: str = "cosine"  # "cosine" | "linear"
+    schedule: str = "cosine"  # "cosine" | "linear" | "constant" | "wsd" (warm-up, stable, linear decay)
+    decay_start: int | None = None  # wsd: the step the decay starts (None: the last cooldown_frac of the steps)
+    cooldown_frac: float = 0.2
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.95
@@ -56,10 +62,18 @@ class TrainConfig:
     eval_tokens: int = 65536
     save_every: int = 100
     snapshots: tuple[float, ...] = (0.1, 0.3, 1.0)  # fractions of the budget kept as fp16 checkpoints
+    init: str = "normal"  # "normal" (N(0, 0.02), GPT-2 style) | "default" (PyTorch's Linear init, as official Diff)
+    branch_every: int = 0  # keep a resumable state every this many steps, to branch cooldowns from; 0: none
+    track_every: int = 0  # log per-layer outliers on a fixed validation batch every this many steps; 0: never
+    track_windows: int = 4  # windows of seq_len tokens in that batch
 
     def __post_init__(self):
-        if self.schedule not in ("cosine", "linear"):
-            raise ValueError(f"unknown schedule {self.schedule!r}; expected cosine or linear")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"unknown schedule {self.schedule!r}; expected one of {', '.join(SCHEDULES)}")
+        if not 0 <= self.cooldown_frac <= 1 or (self.decay_start is not None and self.decay_start < 0):
+            raise ValueError("cooldown_frac must lie in [0, 1] and decay_start must not be negative")
+        if min(self.branch_every, self.track_every) < 0 or self.track_windows <= 0:
+            raise ValueError("branch_every and track_every must be >= 0, track_windows positive")
         if self.tokens < self.batch_size * self.seq_len:
             raise ValueError(f"token budget {self.tokens} is smaller than one batch "
                              f"({self.batch_size} x {self.seq_len} = {self.batch_size * self.seq_len} tokens)")
@@ -70,14 +84,27 @@ class TrainConfig:
     def steps(self) -> int:
         return self.tokens // (self.batch_size * self.seq_len)
 
+    @property
+    def decay_step(self) -> int:
+        """wsd: the first step of the linear decay."""
+        if self.decay_start is not None:
+            return self.decay_start
+        return self.steps - round(self.cooldown_frac * self.steps)
+
     def snapshot_steps(self) -> list[int]:
         return sorted({max(1, round(f * self.steps)) for f in self.snapshots})
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
-    """Linear warm-up to cfg.lr, then cosine or linear decay to cfg.lr · min_lr_ratio at the last step."""
+    """Linear warm-up to cfg.lr, then cosine or linear decay to cfg.lr · min_lr_ratio at the last step; or
+    constant; or wsd: constant until ``decay_step``, then linear decay to the floor (a cooldown branch)."""
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
+    if cfg.schedule == "constant" or (cfg.schedule == "wsd" and step < cfg.decay_step):
+        return cfg.lr
+    if cfg.schedule == "wsd":
+        progress = (step - cfg.decay_step) / max(1, cfg.steps - cfg.decay_step)
+        return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * (1 - progress))
     progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
     decay = 0.5 * (1 + math.cos(math.pi * progress)) if cfg.schedule == "cosine" else 1 - progress
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * decay)
@@ -136,27 +163,35 @@ def make_optimizer(model: LM, cfg: TrainConfig) -> torch.optim.AdamW:
 
 # -- resumable state without pickle -----------------------------------------------------------------------
 
-def save_state(out: Path, model: LM, opt: torch.optim.AdamW, step: int, history: dict) -> None:
+def save_state(folder: Path, model: LM, opt: torch.optim.AdamW, step: int, history: dict, cfg: TrainConfig,
+               files: dict[str, Path] | None = None) -> None:
+    """A resumable state in ``folder``: the model (a checkpoint), AdamW's moments and the trainer's scalars."""
     tensors = {}
     for i, p in enumerate(q for g in opt.param_groups for q in g["params"]):
         st = opt.state.get(p, {})
         for key in ("exp_avg", "exp_avg_sq", "step"):
             if key in st:
                 tensors[f"{i}.{key}"] = st[key].detach().cpu().contiguous()
-    with atomic_dir(out / STATE_DIR) as tmp:
-        save_checkpoint(model, tmp / "model")
+    with atomic_dir(folder) as tmp:
+        save_checkpoint(model, tmp / "model", files=files)
         save_file(tensors, str(tmp / "optimizer.safetensors"))
-        (tmp / "trainer.json").write_text(json.dumps({"step": step, "history": history}))
+        (tmp / "trainer.json").write_text(json.dumps({"step": step, "history": history,
+                                                      "train_config": dataclasses.asdict(cfg)}))
 
 
 def load_state(out: Path, device: str) -> tuple[LM, dict[str, torch.Tensor], int, dict]:
-    state = out / STATE_DIR
+    """The resumable state of the run in ``out``."""
+    return load_state_dir(Path(out) / STATE_DIR, device)[:4]
+
+
+def load_state_dir(state: Path, device: str) -> tuple[LM, dict[str, torch.Tensor], int, dict, dict]:
+    """(model, optimizer moments, step, history, train config) of a state folder (``state/`` or a branch)."""
     if not (state / "trainer.json").is_file():
-        raise FileNotFoundError(f"no resumable state in {out} (expected {state}/trainer.json)")
+        raise FileNotFoundError(f"no resumable state in {state} (expected {state}/trainer.json)")
     model = load_checkpoint(state / "model", device=device).train()
     moments = load_file(str(state / "optimizer.safetensors"), device=device)
     meta = json.loads((state / "trainer.json").read_text())
-    return model, moments, meta["step"], meta["history"]
+    return model, moments, meta["step"], meta["history"], meta.get("train_config", {})
 
 
 def restore_optimizer(opt: torch.optim.AdamW, moments: dict[str, torch.Tensor]) -> None:
@@ -170,33 +205,48 @@ def restore_optimizer(opt: torch.optim.AdamW, moments: dict[str, torch.Tensor]) 
 def train(
     model_cfg: ModelConfig, cfg: TrainConfig, out: str | Path, train_data: np.ndarray, val_data: np.ndarray,
     resume: bool = False, init_from: str | Path | None = None, provenance: dict | None = None,
+    branch_from: str | Path | None = None, files: dict[str, Path] | None = None,
 ) -> dict:
-    """Train into ``out`` (state/, snapshots/, final/, train_log.json) and return the log as a dict.
+    """Train into ``out`` (state/, snapshots/, final/, branches/, train_log.json) and return the log as a dict.
 
     ``resume`` continues the run saved in ``out/state``; ``init_from`` starts a new run from the weights of
-    a checkpoint (e.g. a shipped model, to train it further).
+    a checkpoint (e.g. a shipped model, to train it further); ``branch_from`` starts a new run from a saved
+    state (``RUN/branches/stepN``) and continues its step count, optimizer and history — with a ``wsd``
+    schedule whose ``decay_start`` is that step this is a cooldown branch. ``files`` (name -> path, e.g. the
+    tokenizer) are copied into every checkpoint the run writes.
     """
     out = Path(out)
     device = cfg.device
     if resume:
         model, moments, start, history = load_state(out, device)
-        if dataclasses.replace(model.config, attn_impl="eager") != dataclasses.replace(model_cfg, attn_impl="eager"):
-            raise ValueError(f"{out}/state holds a different model config than the one requested")
+        _check_same_model(model.config, model_cfg, out / STATE_DIR)
     else:
         if out.exists() and any(out.iterdir()):
             raise FileExistsError(f"{out} is not empty; pass resume=True (--resume) to continue that run")
-        model = (load_checkpoint(init_from, device=device) if init_from else build_model(model_cfg, seed=cfg.seed))
+        if branch_from:
+            model, moments, start, history, origin = load_state_dir(Path(branch_from), device)
+            _check_branch(model.config, model_cfg, origin, cfg, start, Path(branch_from))
+        else:
+            model = (load_checkpoint(init_from, device=device) if init_from
+                     else build_model(model_cfg, seed=cfg.seed, init=cfg.init))
+            moments, start = None, 0
+            history = {"train_loss": [], "val": [], "wall_s": 0.0}
         model.to(device).train()
-        moments, start = None, 0
-        history = {"train_loss": [], "val": [], "wall_s": 0.0}
+    history.setdefault("outliers", [])
     opt = make_optimizer(model, cfg)
     if moments:
         restore_optimizer(opt, moments)
     val = eval_windows(val_data, cfg.seq_len, cfg.eval_tokens)
-    log_base = _log_header(model, cfg, out, train_data, val_data, init_from, provenance)
+    track = val[:cfg.track_windows, :-1].contiguous()
+    log_base = _log_header(model, cfg, out, train_data, val_data, init_from, provenance, branch_from)
+
+    def save(step: int, folder: Path) -> None:
+        save_state(folder, model, opt, step, history, cfg, files)
+
     t_start, wall_before = time.time(), history["wall_s"]
-    step = start
     bar = tqdm(total=cfg.steps, initial=start, desc=f"train {model.config.arch}", mininterval=5, dynamic_ncols=True)
+    if start == 0 and cfg.track_every:
+        _track(model, track, history, 0, cfg)
     try:
         for step in range(start, cfg.steps):
             loss = _train_step(model, opt, cfg, train_data, step)
@@ -210,26 +260,54 @@ def train(
                 vloss = mean_loss(model, val, cfg.batch_size, device, cfg.bf16)
                 history["val"].append({"step": done, "tokens": done * cfg.batch_size * cfg.seq_len, "loss": vloss})
                 log.info("step %d: train %.4f, validation %.4f", done, loss, vloss)
+            if cfg.track_every and (done % cfg.track_every == 0 or done == cfg.steps):
+                _track(model, track, history, done, cfg)
             if done in cfg.snapshot_steps():
                 snap = out / SNAPSHOT_DIR / f"step{done:06d}"
-                save_checkpoint(model, snap, overwrite=True, dtype=torch.float16,
+                save_checkpoint(model, snap, overwrite=True, dtype=torch.float16, files=files,
                                 metadata={"step": str(done), "tokens": str(done * cfg.batch_size * cfg.seq_len)})
+            if cfg.branch_every and done % cfg.branch_every == 0 and done < cfg.steps:
+                history["wall_s"] = elapsed
+                save(done, out / BRANCH_DIR / f"step{done:06d}")
             if done % cfg.save_every == 0 or done == cfg.steps:
                 history["wall_s"] = elapsed
-                save_state(out, model, opt, done, history)
+                save(done, out / STATE_DIR)
                 _write_log(out, log_base, history, done)
     except KeyboardInterrupt:
         history["wall_s"] = wall_before + time.time() - t_start
         done = len(history["train_loss"])
-        save_state(out, model, opt, done, history)
+        save(done, out / STATE_DIR)
         _write_log(out, log_base, history, done)
         log.warning("interrupted at step %d; resumable state saved in %s", done, out / STATE_DIR)
         raise
     finally:
         bar.close()
-    save_checkpoint(model, out / FINAL_DIR, overwrite=True, dtype=torch.float16,
+    save_checkpoint(model, out / FINAL_DIR, overwrite=True, dtype=torch.float16, files=files,
                     metadata={"step": str(cfg.steps), "tokens": str(cfg.steps * cfg.batch_size * cfg.seq_len)})
     return _write_log(out, log_base, history, cfg.steps)
+
+
+def _check_same_model(saved: ModelConfig, requested: ModelConfig, where: Path) -> None:
+    if dataclasses.replace(saved, attn_impl="eager") != dataclasses.replace(requested, attn_impl="eager"):
+        raise ValueError(f"{where} holds a different model config than the one requested")
+
+
+def _check_branch(saved: ModelConfig, requested: ModelConfig, origin: dict, cfg: TrainConfig, start: int,
+                  where: Path) -> None:
+    """A branch continues its run: same model, same data order and optimizer settings, more steps."""
+    _check_same_model(saved, requested, where)
+    changed = [k for k in BRANCH_KEYS if k in origin and origin[k] != getattr(cfg, k)]
+    if changed:
+        raise ValueError(f"{where} was trained with other {', '.join(changed)}; a branch must keep them")
+    if cfg.steps <= start:
+        raise ValueError(f"{where} is at step {start}; the branch's budget ({cfg.steps} steps) must go beyond it")
+
+
+def _track(model: LM, batch: torch.Tensor, history: dict, step: int, cfg: TrainConfig) -> None:
+    from .tracking import outlier_point
+
+    point = outlier_point(model, batch.to(cfg.device))
+    history["outliers"].append({"step": step, "tokens": step * cfg.batch_size * cfg.seq_len, "layers": point})
 
 
 def _train_step(model: LM, opt: torch.optim.AdamW, cfg: TrainConfig, data: np.ndarray, step: int) -> float:
@@ -249,8 +327,9 @@ def _train_step(model: LM, opt: torch.optim.AdamW, cfg: TrainConfig, data: np.nd
     return loss.item()
 
 
-def _log_header(model, cfg, out, train_data, val_data, init_from, provenance) -> dict:
+def _log_header(model, cfg, out, train_data, val_data, init_from, provenance, branch_from) -> dict:
     return {
+        "branch_from": str(branch_from) if branch_from else None,
         "model_config": model.config.to_dict(),
         "train_config": dataclasses.asdict(cfg),
         "parameters": num_params(model),

@@ -15,7 +15,7 @@ def test_lambda_init_schedule_matches_paper():
     assert lambda_init_for_layer(2) == pytest.approx(0.47071302, abs=1e-8)
 
 
-@pytest.mark.parametrize("preset", ["tiny", "small", "base"])
+@pytest.mark.parametrize("preset", ["tiny", "small", "base", "xs", "s"])
 def test_matched_pairs_have_equal_projection_shapes_and_close_parameter_counts(preset):
     tr = ModelConfig.preset(preset, arch="transformer")
     diff = ModelConfig.preset(preset, arch="diff")
@@ -33,6 +33,28 @@ def test_matched_pairs_have_equal_projection_shapes_and_close_parameter_counts(p
 def test_small_preset_size_is_in_the_cpu_budget():
     n = num_params(build_model(ModelConfig.preset("small", arch="diff")))
     assert 3e6 <= n <= 6e6
+
+
+def test_xs_is_the_stories260k_shape_and_s_reaches_the_papers_lambda_range():
+    from diffquant.gguf import load_gguf, stories260k_path
+
+    xs = ModelConfig.preset("xs")
+    real = load_gguf(stories260k_path()).config
+    same = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "norm_eps", "rope_theta")
+    assert all(getattr(xs, f) == getattr(real, f) for f in same) and xs.max_seq_len == 512
+    assert 255_000 < num_params(build_model(xs)) < 265_000  # stories260K ties its head (llama2.c)
+    s = ModelConfig.preset("s", arch="diff")
+    assert (s.d_model, s.n_layers, s.dim_head, s.vocab_size) == (128, 8, 16, 512)
+    assert s.lambda_init_at(7) == pytest.approx(0.73, abs=0.01)
+
+
+def test_constant_lambda_init_is_a_config_field(tmp_path):
+    cfg = ModelConfig.preset("tiny", arch="diff", lambda_init=0.8)
+    assert [cfg.lambda_init_at(i) for i in range(2)] == [0.8, 0.8]
+    assert [b.attn.lambda_init for b in build_model(cfg).layers] == [0.8, 0.8]
+    assert ModelConfig.from_json(cfg.to_json()) == cfg
+    with pytest.raises(ValueError, match="lambda_init"):
+        ModelConfig.preset("tiny", arch="diff", lambda_init=float("nan"))
 
 
 def test_default_ffn_dim_is_eight_thirds_rounded_to_64():

@@ -243,3 +243,48 @@ def test_flash_matches_eager_on_gpu(arch):
 def test_seeded_builds_are_identical(tiny):
     a, b = build_model(tiny, seed=3), build_model(tiny, seed=3)
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+@pytest.mark.parametrize("kv", [None, 2])
+def test_kv_cache_decoding_equals_full_forward(arch, impl, kv):
+    from diffquant.model import KVCache
+
+    cfg = tiny_config("transformer", n_kv_heads=kv).matched(arch)
+    model = randomize_(build_model(cfg)).set_attn_impl(impl).eval()
+    ids = torch.randint(0, cfg.vocab_size, (3, 21))
+    cache = KVCache(cfg, 3, 30)
+    with torch.no_grad():
+        full = model(ids)
+        parts = [model(ids[:, :5], cache)] + [model(ids[:, t:t + 1], cache) for t in range(5, 21)]
+    assert cache.length == 21
+    stepwise = torch.cat(parts, dim=1)
+    assert (full - stepwise).abs().max() <= 1e-5 * full.abs().max()
+    with pytest.raises(ValueError, match="sequence length"):
+        model(torch.zeros(3, 44, dtype=torch.long), cache)
+
+
+def test_dropping_rows_from_the_cache_keeps_the_others(tiny):
+    from diffquant.model import KVCache
+
+    model = randomize_(build_model(tiny)).set_attn_impl("sdpa").eval()
+    ids = torch.randint(0, tiny.vocab_size, (4, 9))
+    cache = KVCache(tiny, 4, 16)
+    with torch.no_grad():
+        model(ids[:, :8], cache)
+        cache.select(torch.tensor([1, 3]))
+        last = model(ids[[1, 3], 8:], cache)[:, -1]
+        full = model(ids[[1, 3]])[:, -1]
+    assert (last - full).abs().max() <= 1e-5 * full.abs().max()
+
+
+def test_default_init_is_pytorchs_linear_init(arch):
+    cfg = tiny_config(arch)
+    default, normal = build_model(cfg, seed=0, init="default"), build_model(cfg, seed=0, init="normal")
+    w = default.layers[0].attn.q_proj.weight.detach()
+    bound = 1 / math.sqrt(cfg.d_model)  # kaiming_uniform(a=√5): U(-1/√fan_in, 1/√fan_in)
+    assert w.abs().max() <= bound and w.std().item() == pytest.approx(bound / math.sqrt(3), rel=0.1)
+    assert normal.layers[0].attn.q_proj.weight.detach().std().item() == pytest.approx(0.02, rel=0.1)
+    assert default.embed.weight.detach().std().item() == pytest.approx(0.02, rel=0.1)
+    with pytest.raises(ValueError, match="unknown init"):
+        build_model(cfg, init="xavier")

@@ -109,3 +109,66 @@ def test_bad_inputs(tmp_path, shakespeare_bytes, capsys):
     assert "unknown preset" in capsys.readouterr().err
     assert main(["train", "--arch", "diff", "--preset", "tiny", "--tokens", "5", "--out", str(tmp_path / "o")]) == 2
     assert "smaller than one batch" in capsys.readouterr().err
+
+
+def test_wsd_and_constant_schedules():
+    wsd = tiny_run(tokens=100 * 8 * 32, warmup_steps=10, lr=1.0, min_lr_ratio=0.1, schedule="wsd", cooldown_frac=0.2)
+    assert wsd.decay_step == 80
+    assert lr_at(10, wsd) == lr_at(79, wsd) == 1.0
+    assert lr_at(80, wsd) == 1.0 and lr_at(90, wsd) == pytest.approx(0.55) and lr_at(99, wsd) < 0.2
+    const = tiny_run(tokens=100 * 8 * 32, warmup_steps=10, lr=1.0, schedule="constant")
+    assert {lr_at(s, const) for s in range(10, 100)} == {1.0}
+    assert tiny_run(tokens=100 * 8 * 32, schedule="wsd", decay_start=60).decay_step == 60
+
+
+def test_cooldown_branch_continues_the_stable_run(tmp_path, shakespeare_bytes, monkeypatch):
+    """A stable run keeps states; a branch from step 10 resumes it exactly and decays over its own steps."""
+    train_ids, val_ids = shakespeare_bytes
+    cfg = ModelConfig.preset("tiny", arch="diff", attn_impl="sdpa")
+    stable = tiny_run(tokens=20 * 8 * 32, schedule="constant", branch_every=10)
+    long = train(cfg, stable, tmp_path / "stable", train_ids, val_ids)
+    assert sorted(p.name for p in (tmp_path / "stable" / "branches").iterdir()) == ["step000010"]
+    branch_cfg = tiny_run(tokens=16 * 8 * 32, schedule="wsd", decay_start=10)
+    seen = []
+    real = tr._train_step
+
+    def spy(model, opt, cfg_, data, step):
+        loss = real(model, opt, cfg_, data, step)
+        seen.append((step, opt.param_groups[0]["lr"]))
+        return loss
+
+    monkeypatch.setattr(tr, "_train_step", spy)
+    branch = train(cfg, branch_cfg, tmp_path / "cool", train_ids, val_ids,
+                   branch_from=tmp_path / "stable" / "branches" / "step000010")
+    monkeypatch.setattr(tr, "_train_step", real)
+    assert [s for s, _ in seen] == list(range(10, 16))
+    assert [lr for _, lr in seen] == pytest.approx([lr_at(s, branch_cfg) for s in range(10, 16)])
+    assert seen[0][1] == pytest.approx(3e-3) and seen[-1][1] < seen[0][1] * 0.3
+    # the first ten losses are the stable run's, and so is step 10's (same state, same batch, same lr)
+    assert branch["history"]["train_loss"][:11] == long["history"]["train_loss"][:11]
+    assert branch["branch_from"].endswith("step000010")
+    with pytest.raises(ValueError, match="other lr"):
+        train(cfg, tiny_run(tokens=16 * 8 * 32, lr=1e-2, schedule="wsd", decay_start=10), tmp_path / "bad",
+              train_ids, val_ids, branch_from=tmp_path / "stable" / "branches" / "step000010")
+
+
+def test_tracked_outliers_equal_profile_on_the_same_batch(tmp_path, shakespeare_bytes):
+    from diffquant import profile
+    from diffquant.train import eval_windows
+
+    train_ids, val_ids = shakespeare_bytes
+    cfg = ModelConfig.preset("tiny", arch="diff", attn_impl="sdpa")
+    record = train(cfg, tiny_run(tokens=10 * 8 * 32, track_every=5), tmp_path / "run", train_ids, val_ids)
+    points = record["history"]["outliers"]
+    assert [p["step"] for p in points] == [0, 5, 10]
+    model = tr.load_state(tmp_path / "run", "cpu")[0]
+    batch = eval_windows(val_ids, 32, 2048)[:4, :-1]
+    report = profile(model, [batch], sites=("attn_logits", "hidden"), topk=10, progress=False)
+    for layer, point in zip(report.data["layers"], points[-1]["layers"]):
+        for site in ("attn_logits", "hidden"):
+            assert point[site]["top1"] == layer[site]["top"][0]
+            assert point[site]["top10"] == layer[site]["top"][9]
+            assert point[site]["median"] == layer[site]["median"]
+        assert point["attn_logits"]["at"]["map"] in (0, 1) and "first_token" in point["attn_logits"]["at"]
+        lam = model.layers[layer["layer"]].attn.lambda_full().item()
+        assert point["lambda"] == pytest.approx(lam)

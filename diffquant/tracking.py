@@ -1,0 +1,55 @@
+"""Outliers tracked during training: per layer, the top |attention logits| and |hidden states| on a fixed batch.
+
+One eager forward over the same small batch every N steps, through :func:`diffquant.profile.profile` itself,
+so a tracked point equals ``dq.profile`` on that batch. Per layer it keeps top-1, top-10 and the median of
+each site, where the top-1 sits (head, Diff map, query and key position, whether the key is the first token;
+position, channel and token for hidden states) and, for Diff, the layer's λ.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .profile import profile
+
+TRACKED_SITES = ("attn_logits", "hidden")
+TOPK = 10
+
+
+def _site_point(stats: dict) -> dict:
+    top = stats["top"]
+    point = {"top1": top[0] if top else None, "top10": top[TOPK - 1] if len(top) >= TOPK else None,
+             "median": stats["median"]}
+    loc = dict(stats["locations"][0]) if stats.get("locations") else {}
+    loc.pop("value", None)
+    loc.pop("layer", None)
+    if "key" in loc:
+        loc["first_token"] = loc["key"] == 0
+    point["at"] = loc
+    return point
+
+
+@torch.no_grad()
+def outlier_point(model: nn.Module, batch: torch.Tensor) -> list[dict]:
+    """One tracked point: a dict per layer with ``attn_logits`` and ``hidden`` summaries (and ``lambda``)."""
+    was_training = model.training
+    model.eval()
+    try:
+        report = profile(model, [batch], sites=TRACKED_SITES, topk=TOPK, n_locations=1, progress=False)
+    finally:
+        model.train(was_training)
+    layers = []
+    for entry in report.data["layers"]:
+        point = {"layer": entry["layer"], **{site: _site_point(entry[site]) for site in TRACKED_SITES if site in entry}}
+        attn = model.layers[entry["layer"]].attn if hasattr(model, "layers") else None
+        if attn is not None and getattr(attn, "is_diff", False):
+            point["lambda"] = float(attn.lambda_full())
+            point["lambda_init"] = attn.lambda_init
+        layers.append(point)
+    return layers
+
+
+def max_over_layers(point: list[dict], site: str, key: str = "top1") -> float | None:
+    values = [layer[site][key] for layer in point if site in layer and layer[site][key] is not None]
+    return max(values) if values else None

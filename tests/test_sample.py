@@ -1,0 +1,151 @@
+"""The teacher corpus: exact ancestral sampling, byte-identical shards, resume, corpus reading, bad input."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from diffquant.cli import main
+from diffquant.corpus import heldout_ids, load_corpus, read_manifest
+from diffquant.gguf import load_gguf, stories260k_path, stories260k_tokenizer_path
+from diffquant.sample import draw, sample_corpus, sample_stories
+from diffquant.tokenizer import Tokenizer
+
+BOS, STOPS = 1, [1, 2]
+
+
+@pytest.fixture(scope="module")
+def teacher():
+    return load_gguf(stories260k_path()).set_attn_impl("sdpa").eval()
+
+
+def full_recompute_sampler(model, n, generator, max_len):
+    """An independent reference: the same batch bookkeeping, but every step re-runs the whole prefix."""
+    rows, live = list(range(n)), [True] * n
+    seqs = [[BOS] for _ in range(n)]  # per batch row, including tokens drawn after the story ended
+    stories = {}
+    for length in range(1, max_len):
+        with torch.no_grad():
+            logits = model(torch.tensor(seqs))[:, -1]
+        nxt = draw(logits, generator)[:, 0].tolist()
+        for j, tok in enumerate(nxt):
+            if live[j] and tok in STOPS:
+                stories[rows[j]] = seqs[j][:length]
+                live[j] = False
+            seqs[j].append(tok)
+        if not any(live):
+            break
+        if live.count(False) * 4 >= len(live):
+            keep = [j for j in range(len(rows)) if live[j]]
+            rows, live, seqs = [rows[j] for j in keep], [True] * len(keep), [seqs[j] for j in keep]
+    for j, r in enumerate(rows):
+        if live[j]:
+            stories[r] = seqs[j][:max_len]
+    return [stories[i] for i in range(n)]
+
+
+def test_kv_cache_sampling_equals_full_recomputation(teacher):
+    fast = sample_stories(teacher, 6, torch.Generator().manual_seed(5), BOS, STOPS, max_len=48)
+    slow = full_recompute_sampler(teacher, 6, torch.Generator().manual_seed(5), max_len=48)
+    assert [s.tolist() for s in fast] == slow
+    assert all(s[0] == BOS and BOS not in s[1:] for s in fast)
+
+
+def test_samples_are_exact_draws_from_the_teacher(teacher):
+    """For exact sampling E[-log p(x_t)] = E[H(p_t)] at every position: mean NLL equals mean entropy."""
+    stories = sample_stories(teacher, 48, torch.Generator().manual_seed(11), BOS, STOPS, max_len=96)
+    gaps = []
+    for s in stories:
+        ids = torch.tensor(s, dtype=torch.long)[None]
+        with torch.no_grad():
+            logp = torch.log_softmax(teacher(ids)[0].double(), -1)  # (T, V)
+        entropy = -(logp.exp() * logp).sum(-1)[:-1]
+        nll = -logp[:-1].gather(1, ids[0, 1:, None])[:, 0]
+        gaps.append(nll - entropy)
+    gaps = torch.cat(gaps)
+    sem = gaps.std() / math.sqrt(len(gaps))
+    assert len(gaps) > 2000
+    assert abs(gaps.mean()) < 4 * sem, (gaps.mean(), sem)
+    # the test has power: a temperature-0.8 sampler's samples would fail it
+    cold = sample_stories(_scaled(teacher, 1 / 0.8), 48, torch.Generator().manual_seed(11), BOS, STOPS, 96)
+    cold_gap = []
+    for s in cold:
+        ids = torch.tensor(s, dtype=torch.long)[None]
+        with torch.no_grad():
+            logp = torch.log_softmax(teacher(ids)[0].double(), -1)
+        cold_gap.append(-logp[:-1].gather(1, ids[0, 1:, None])[:, 0] + (logp.exp() * logp).sum(-1)[:-1])
+    assert torch.cat(cold_gap).mean() < -8 * sem
+
+
+def _scaled(model, factor):
+    import copy
+
+    scaled = copy.deepcopy(model)
+    with torch.no_grad():
+        scaled.head.weight.mul_(factor)
+    return scaled
+
+
+def test_draw_inverts_the_cdf_exactly():
+    logits = torch.tensor([[0.0, -math.inf, 0.0, math.log(2.0)]]).expand(40000, 4)
+    counts = torch.bincount(draw(logits, torch.Generator().manual_seed(0))[:, 0], minlength=4).double()
+    assert counts[1] == 0
+    assert torch.allclose(counts / counts.sum(), torch.tensor([0.25, 0, 0.25, 0.5], dtype=torch.float64), atol=0.01)
+
+
+def test_corpus_same_seed_same_bytes_resume_and_regeneration(tmp_path):
+    kw = dict(tokens=3000, seed=3, batch_size=8, max_len=64, shard_tokens=1000, progress=False)
+    a = sample_corpus(stories260k_path(), tmp_path / "a", **kw)
+    b = sample_corpus(stories260k_path(), tmp_path / "b", **kw)
+    assert [s["sha256"] for s in a["shards"]] == [s["sha256"] for s in b["shards"]] and len(a["shards"]) == 3
+    assert all((tmp_path / "a" / s["file"]).read_bytes() == (tmp_path / "b" / s["file"]).read_bytes()
+               for s in a["shards"])
+    other = sample_corpus(stories260k_path(), tmp_path / "c", **{**kw, "seed": 4})
+    assert other["shards"][0]["sha256"] != a["shards"][0]["sha256"]
+    # a missing shard is redrawn byte for byte; a longer corpus extends the shorter one
+    (tmp_path / "a" / "shard_00001.bin").unlink()
+    again = sample_corpus(stories260k_path(), tmp_path / "a", **{**kw, "tokens": 4000})
+    assert [s["sha256"] for s in again["shards"][:3]] == [s["sha256"] for s in a["shards"]]
+    assert len(again["shards"]) == 4
+    corpus = load_corpus(tmp_path / "a", vocab_size=512)
+    assert corpus.ids.dtype == np.uint16 and corpus.ids.size == again["tokens"] and corpus.ids[0] == BOS
+    assert corpus.tokenizer_path.name == "tokenizer.model"
+    manifest = read_manifest(tmp_path / "a")
+    assert manifest["teacher_sha256"] and manifest["stories"] == int((corpus.ids == BOS).sum())
+
+
+def test_heldout_is_real_cased_text_with_bos():
+    tok = Tokenizer.load(stories260k_tokenizer_path())
+    ids = heldout_ids(tok)
+    assert ids[0] == BOS and ids.size > 10_000
+    assert tok.decode(ids[1:20].tolist()).startswith("One day, a little girl named Lily")
+
+
+def test_bad_input_is_one_line(tmp_path, capsys):
+    from diffquant import ModelConfig, build_model, save_checkpoint
+
+    bare = tmp_path / "bare.gguf"
+    bare.write_bytes(stories260k_path().read_bytes())
+    assert main(["sample", str(bare), "--tokens", "100", "--out", str(tmp_path / "o")]) == 2
+    assert "no tokenizer" in capsys.readouterr().err
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "manifest.json").write_text("{not json")
+    assert main(["train", "--arch", "diff", "--preset", "xs", "--tokens", "10000", "--data", str(bad),
+                 "--out", str(tmp_path / "r")]) == 2
+    assert "not valid JSON" in capsys.readouterr().err
+    sample_corpus(stories260k_path(), tmp_path / "c", tokens=500, batch_size=4, max_len=32, shard_tokens=500,
+                  progress=False)
+    assert main(["train", "--arch", "diff", "--preset", "tiny", "--tokens", "10000", "--data", str(tmp_path / "c"),
+                 "--out", str(tmp_path / "r")]) == 2
+    assert "vocabulary of 512 tokens; the model has only 128" in capsys.readouterr().err
+    assert main(["train", "--arch", "diff", "--preset", "xs", "--tokens", "10000", "--out", str(tmp_path / "r")]) == 2
+    assert "token corpus" in capsys.readouterr().err
+    shard = tmp_path / "c" / "shard_00000.bin"
+    shard.write_bytes(shard.read_bytes()[:-2])
+    with pytest.raises(ValueError, match="sha256"):
+        load_corpus(tmp_path / "c")
+    save_checkpoint(build_model(ModelConfig.preset("tiny")), tmp_path / "ckpt")  # no tokenizer of its own
+    assert main(["sample", str(tmp_path / "ckpt"), "--tokens", "100", "--out", str(tmp_path / "o2")]) == 2
+    assert "the model only 128" in capsys.readouterr().err
