@@ -188,15 +188,18 @@ class Attention(nn.Module):
 
     # -- sdpa / flash: fused kernels that never materialise the logits ----------------------------------
     def _fused(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offset: int) -> torch.Tensor:
-        """All maps in one kernel call (split only along the value width): the s maps become s·H query heads in
-        map-major order, so grouped-query attention pairs each with its own map's kv head without copies."""
-        attend = _sdpa if self.impl == "sdpa" else _flash
+        """Both maps in one kernel call: the s maps become s·H query heads in map-major order, so grouped-query
+        attention pairs each with its own map's kv head; sdpa pads q/k to the value width, flash splits the value."""
         B, H, s, T, d = q.shape
         K, S = k.shape[1], k.shape[3]
         qf = q.transpose(1, 2).reshape(B, s * H, T, d)  # (B, s·H, T, d), head j·H + h
         kf = k.transpose(1, 2).reshape(B, s * K, S, d)  # (B, s·K, S, d), head j·K + g
         vf = v.unsqueeze(1).expand(B, s, K, S, s * d).reshape(B, s * K, S, s * d)  # each map reads the same value
-        out = _split_value(attend, qf, kf, vf, self.head_dim ** -0.5, q_offset)  # (B, s·H, T, s·d)
+        scale = self.head_dim ** -0.5
+        if self.impl == "sdpa":
+            out = _sdpa(qf, kf, vf, scale, q_offset)  # (B, s·H, T, s·d)
+        else:
+            out = _split_value(_flash, qf, kf, vf, scale, q_offset)
         if not self.is_diff:
             return out
         out = out.view(B, s, H, T, s * d)
@@ -205,18 +208,26 @@ class Attention(nn.Module):
 
 def _split_value(attend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
                  q_offset: int) -> torch.Tensor:
-    """softmax(q kᵀ)·[V1|V2] = [softmax(q kᵀ)·V1 | softmax(q kᵀ)·V2] (official flashdiff_2): fused kernels want
-    equal q/k/v widths — flash-attn requires it and torch's CPU sdpa falls back to a 3× slower path without it."""
+    """softmax(q kᵀ)·[V1|V2] = [softmax(q kᵀ)·V1 | softmax(q kᵀ)·V2] (official flashdiff_2): flash-attn wants equal
+    q/k/v widths."""
     d = q.shape[-1]
     if v.shape[-1] == d:
         return attend(q, k, v, scale, q_offset)
     return torch.cat([attend(q, k, v[..., i:i + d], scale, q_offset) for i in range(0, v.shape[-1], d)], dim=-1)
 
 
+def _pad_qk(q: torch.Tensor, k: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """q and k zero-padded to ``width``: q·kᵀ is unchanged, and one fused call serves a wider value (torch's CPU
+    sdpa falls back to a 2-3× slower path for unequal widths; one padded call also beats two split ones)."""
+    pad = width - q.shape[-1]
+    return (q, k) if pad == 0 else (F.pad(q, (0, pad)), F.pad(k, (0, pad)))
+
+
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, q_offset: int) -> torch.Tensor:
     """softmax(q kᵀ·scale) v under the causal mask (queries start at position ``q_offset``), grouped-query."""
     T, S = q.shape[-2], k.shape[-2]
     gqa = q.shape[1] != k.shape[1]
+    q, k = _pad_qk(q, k, v.shape[-1])
     if q_offset == 0 and T == S:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
     keep = torch.arange(S, device=q.device)[None, :] <= torch.arange(q_offset, q_offset + T, device=q.device)[:, None]
