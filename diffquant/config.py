@@ -8,15 +8,18 @@ a Transformer with ``H`` heads of the same ``head_dim`` (the paper's parameter m
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .io import dump_json
+from .io import dump_json, parse_json_object, read_json_file
 
 ARCHS = ("transformer", "diff")
 ATTN_IMPLS = ("eager", "sdpa", "flash")
+# Sanity limits checked before anything is allocated (far above any model this toolkit is meant for).
+SIZE_LIMITS = {"vocab_size": 1 << 21, "d_model": 1 << 16, "n_layers": 1024, "n_heads": 1024, "n_kv_heads": 1024,
+               "head_dim": 1 << 12, "ffn_dim": 1 << 18, "max_seq_len": 1 << 21}
 
 
 def default_ffn_dim(d_model: int) -> int:
@@ -46,16 +49,15 @@ class ModelConfig:
     attn_impl: str = "eager"
 
     def __post_init__(self):
+        _check_types(self)
         if self.arch not in ARCHS:
             raise ValueError(f"unknown arch {self.arch!r}; expected one of {', '.join(ARCHS)}")
         if self.attn_impl not in ATTN_IMPLS:
             raise ValueError(f"unknown attn_impl {self.attn_impl!r}; expected one of {', '.join(ATTN_IMPLS)}")
-        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "max_seq_len"):
-            _require_positive(name, getattr(self, name))
-        for name in ("n_kv_heads", "head_dim", "ffn_dim"):
+        for name, limit in SIZE_LIMITS.items():
             if getattr(self, name) is not None:
-                _require_positive(name, getattr(self, name))
-        if self.rope_theta <= 0 or self.norm_eps <= 0:
+                _require_positive(name, getattr(self, name), limit)
+        if not (self.rope_theta > 0 and self.norm_eps > 0):
             raise ValueError("rope_theta and norm_eps must be positive")
         sub = self.sub_heads_per_head
         if self.head_dim is None and self.d_model % (self.n_heads * sub):
@@ -129,17 +131,20 @@ class ModelConfig:
         return cls(**data)
 
     @classmethod
-    def from_json(cls, text_or_path: str | Path) -> ModelConfig:
-        text = str(text_or_path)
-        if not text.lstrip().startswith("{"):
-            text = Path(text_or_path).read_text()
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"config is not valid JSON: {exc}") from None
-        if not isinstance(data, dict):
-            raise ValueError("config JSON must be an object")
-        return cls.from_dict(data)
+    def from_json_text(cls, text: str) -> ModelConfig:
+        """Parse JSON text; text is never taken for a path."""
+        return cls.from_dict(parse_json_object(text, "config"))
+
+    @classmethod
+    def from_json_file(cls, path: str | os.PathLike) -> ModelConfig:
+        return cls.from_dict(read_json_file(path))
+
+    @classmethod
+    def from_json(cls, text_or_path: str | os.PathLike) -> ModelConfig:
+        """JSON text (a ``str``), or a file when the caller passes a path object (``pathlib.Path``)."""
+        if isinstance(text_or_path, os.PathLike):
+            return cls.from_json_file(text_or_path)
+        return cls.from_json_text(text_or_path)
 
     @classmethod
     def preset(cls, name: str, arch: str = "transformer", **overrides) -> ModelConfig:
@@ -151,9 +156,27 @@ class ModelConfig:
         return dataclasses.replace(cfg, **overrides) if overrides else cfg
 
 
-def _require_positive(name: str, value) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+def _require_positive(name: str, value, limit: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= limit:
+        raise ValueError(f"{name} must be a positive integer (at most {limit}), got {value!r}")
+
+
+def _check_types(cfg: ModelConfig) -> None:
+    """Strict JSON types: no "no" for a bool, no true for an int, no NaN or Infinity for a float."""
+    for field in dataclasses.fields(cfg):
+        value = getattr(cfg, field.name)
+        if value is None and "None" in str(field.type):
+            continue
+        if not _is_type(value, str(field.type).split(" |")[0]):
+            raise ValueError(f"{field.name} must be {str(field.type).split(' |')[0]}, got {value!r}")
+
+
+def _is_type(value, name: str) -> bool:
+    if name == "bool" or isinstance(value, bool):
+        return name == "bool" and isinstance(value, bool)
+    if name == "float":
+        return isinstance(value, (int, float)) and math.isfinite(value)
+    return isinstance(value, {"int": int, "str": str}[name])
 
 
 # Transformer presets; the Diff partner halves n_heads (and n_kv_heads) at the same head_dim.

@@ -21,12 +21,12 @@ Activation granularities (scales are always per sequence at least, so results ne
 from __future__ import annotations
 
 import dataclasses
-import json
 import numbers
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..io import dump_json
+from ..io import dump_json, parse_json_object, read_json_file
 
 __all__ = ["ACT_GRANULARITIES", "PROBE_TARGETS", "WEIGHT_METHODS", "ActQuant", "QuantConfig", "WeightQuant"]
 
@@ -200,15 +200,20 @@ class QuantConfig:
         return cls(**parts)
 
     @classmethod
-    def from_json(cls, text_or_path: str | Path) -> "QuantConfig":
-        text = str(text_or_path)
-        if not text.lstrip().startswith("{"):
-            text = Path(text_or_path).read_text()
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"quant config is not valid JSON: {exc}") from None
-        return cls.from_dict(data)
+    def from_json_text(cls, text: str) -> "QuantConfig":
+        """Parse JSON text; text is never taken for a path."""
+        return cls.from_dict(parse_json_object(text, "quant config"))
+
+    @classmethod
+    def from_json_file(cls, path: str | os.PathLike) -> "QuantConfig":
+        return cls.from_dict(read_json_file(path))
+
+    @classmethod
+    def from_json(cls, text_or_path: str | os.PathLike) -> "QuantConfig":
+        """JSON text (a ``str``), or a file when the caller passes a path object (``pathlib.Path``)."""
+        if isinstance(text_or_path, os.PathLike):
+            return cls.from_json_file(text_or_path)
+        return cls.from_json_text(text_or_path)
 
     def probe_targets(self) -> dict[str, ActQuant]:
         """Probe kind -> its (non-no-op) quantizer."""
