@@ -232,7 +232,8 @@ def refuse_overlap(inputs: Mapping[str, Iterable[str | os.PathLike]],
             for in_flag, src in sources:
                 relation = _relation(src, dst)
                 if relation:
-                    raise UserError(f"{out_flag} {out} {relation} the input {in_flag} {src}; choose another path")
+                    raise UserError(f"{out_flag} {out} {relation} the input {in_flag} {src}: no output may replace, "
+                                    "enter or enclose an input")
 
 
 def _relation(src: Path, dst: Path) -> str | None:
