@@ -116,6 +116,25 @@ def _load_folder(path: Path) -> LM:
     return model
 
 
+def read_model_config(path: str | Path) -> ModelConfig:
+    """A checkpoint's config without reading its weights: our folder, packed folder, HF folder or .gguf file."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    refuse_pickle(path)
+    if path.is_file() and path.suffix == ".gguf":
+        from .gguf import read_gguf_config
+
+        return read_gguf_config(path)
+    if not path.is_dir():
+        raise CheckpointError(f"{path} is neither a checkpoint folder nor a .gguf file")
+    from . import hf
+
+    if hf.is_hf_folder(path):
+        return hf.config_from_hf(hf._read_json(path / CONFIG_FILE), str(path))
+    return read_config(path)
+
+
 def expected_shapes(cfg: ModelConfig) -> dict[str, torch.Size]:
     """Name -> shape of every tensor a checkpoint of ``cfg`` holds, from a model built on the meta device."""
     with torch.device("meta"):

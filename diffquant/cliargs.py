@@ -2,7 +2,7 @@
 
 :func:`check_numbers` rewrites the parser once it is built: every ``type=int`` option becomes a bounded integer
 (positive, or non-negative for the names in :data:`NON_NEGATIVE`, at most :data:`UPPER` or
-:data:`DEFAULT_UPPER`), every ``type=float`` option a finite non-negative number, and every ``--device`` a device
+:data:`DEFAULT_UPPER`; bit widths keep the quantizer's own range checks), every ``type=float`` option a finite non-negative number, and every ``--device`` a device
 that exists here. :func:`path_roles` names the input and output paths of a parsed command line (by the
 conventions in :data:`INPUT_FLAGS` / :data:`OUTPUT_FLAGS`, or a command's own ``inputs`` / ``outputs`` defaults),
 so the CLI can refuse an output over, inside or around an input for every sub-command in one place.
@@ -14,6 +14,7 @@ import argparse
 import math
 
 NON_NEGATIVE = frozenset({"seed", "warmup_steps"})
+DOMAIN_CHECKED = frozenset({"bits", "act_bits", "logit_bits"})  # the quantizer's own range messages say more
 DEFAULT_UPPER = 2**31 - 1
 UPPER = {"n_boot": 100_000, "batch_size": 65_536, "topk": 1_000_000, "threads": 1024,
          "seed": 2**32 - 1, "seq_len": 1 << 21, "calib_seq_len": 1 << 21,
@@ -69,7 +70,7 @@ def device(text: str) -> str:
 def check_numbers(parser: argparse.ArgumentParser) -> None:
     """Give every sub-command's int, float and device options the checked types above."""
     for action in _all_actions(parser):
-        if action.type is int:
+        if action.type is int and action.dest not in DOMAIN_CHECKED:
             action.type = bounded_int(action.dest)
         elif action.type is float:
             action.type = finite_float

@@ -50,17 +50,26 @@ def stories260k_tokenizer_path() -> Path:
 def load_gguf(path: str | Path) -> LM:
     """A float32 model in eval mode holding the weights of the Llama GGUF file ``path``."""
     path = Path(path)
-    reader = _open(path)
-    meta = _metadata(reader)
-    _refuse_unsupported(path, meta)
-    shapes = {t.name: torch.Size(int(n) for n in reversed(t.shape)) for t in reader.tensors}  # (out, in)
-    cfg = _config(path, meta, shapes)
+    reader, shapes, cfg = _read_header(path)
     _check_match(path, expected_shapes(cfg), {_our_name(path, name): s for name, s in shapes.items()})
     state = {_our_name(path, name): t for name, t in _tensors(path, reader).items()}
     model = build_model(cfg)
     model.load_state_dict(state, strict=False)  # strict=False only for the tied head, checked above
     log.info("loaded %s: %s", path, cfg)
     return model.eval()
+
+
+def read_gguf_config(path: str | Path) -> ModelConfig:
+    """The model config of a GGUF file, from its metadata and tensor shapes only (no tensor is read)."""
+    return _read_header(Path(path))[2]
+
+
+def _read_header(path: Path):
+    reader = _open(path)
+    meta = _metadata(reader)
+    _refuse_unsupported(path, meta)
+    shapes = {t.name: torch.Size(int(n) for n in reversed(t.shape)) for t in reader.tensors}  # (out, in)
+    return reader, shapes, _config(path, meta, shapes)
 
 
 def read_vocab(path: str | Path) -> list[str]:

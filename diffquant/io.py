@@ -146,6 +146,24 @@ def read_json_file(path: str | os.PathLike, what: str | None = None) -> dict:
     return parse_json_object(text, what)
 
 
+@contextmanager
+def locked_append(path: str | os.PathLike):
+    """``path`` opened for appending by one writer at a time: a second one gets a one-line UserError."""
+    import fcntl  # POSIX only, like the rest of the crash-safety machinery
+
+    path = Path(path)
+    with path.open("a", encoding="utf-8") as fh:
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UserError(f"another process is writing {path}; wait for it to finish or choose another file") \
+                from None
+        try:
+            yield fh
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
 # ---------------------------------------------------------------------------------------------------- folders
 
 class atomic_dir:
@@ -282,5 +300,5 @@ def finite_or_none(value):
 
 
 __all__ = ["atomic_dir", "atomic_path", "atomic_write_bytes", "atomic_write_text", "canonical_safetensors",
-           "clean_stale", "dump_json", "exchange", "finite_or_none", "parse_json_object", "read_json_file",
+           "clean_stale", "dump_json", "exchange", "finite_or_none", "locked_append", "parse_json_object", "read_json_file",
            "refuse_overlap", "replace_dir", "write_safetensors"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from . import nonfinite_exit
 from ..sweep import ATTN_IMPLS, DEFAULT_CALIB_TOKENS, PERPLEXITY_TASKS, TARGETS
 
 
@@ -54,4 +55,4 @@ def run(args: argparse.Namespace) -> int:
         print(render_report(load_records([args.out])))
         print()
     print(json.dumps(summary))
-    return 0
+    return nonfinite_exit(summary["nonfinite"], summary["written"])
