@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"  # sharded HF weights
 
 
 class CheckpointError(UserError, ValueError):
@@ -93,7 +94,7 @@ def load_checkpoint(
 def refuse_pickle(path: Path) -> None:
     """No command reads pickle files: a pickle file, or a folder whose only weights are pickles, is refused."""
     pickles = [path] if path.suffix in PICKLE_SUFFIXES else []
-    if path.is_dir() and not any(path.glob("*.safetensors")) and not any(path.glob("*.gguf")):
+    if path.is_dir() and not any((path / name).is_file() for name in (WEIGHTS_FILE, INDEX_FILE)):
         pickles = sorted(p for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES)
     if pickles:
         raise CheckpointError(f"{path}: {pickles[0].name} is a pickle file; diffquant never reads pickle files "

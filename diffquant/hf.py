@@ -36,8 +36,19 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from .checkpoint import (CONFIG_FILE, WEIGHTS_FILE, CheckpointError, _check_match, _read_tensors, atomic_dir,
-                         FLOAT_DTYPES, check_header, read_header, refuse_pickle)
+from .checkpoint import (
+    CONFIG_FILE,
+    FLOAT_DTYPES,
+    INDEX_FILE,
+    WEIGHTS_FILE,
+    CheckpointError,
+    _check_match,
+    _read_tensors,
+    atomic_dir,
+    check_header,
+    read_header,
+    refuse_pickle,
+)
 from .config import ModelConfig, default_ffn_dim
 from .errors import first_line
 from .io import read_json_file, write_safetensors
@@ -48,7 +59,6 @@ log = logging.getLogger(__name__)
 ARCHITECTURES = {"transformer": ("llama", "LlamaForCausalLM"), "diff": ("diffllama", "DiffLlamaForCausalLM")}
 MODEL_TYPES = {model_type: arch for arch, (model_type, _) in ARCHITECTURES.items()}
 SIDECAR_FILE = "diffquant.safetensors"  # exact originals of what the fold changes; transformers ignores it
-INDEX_FILE = "model.safetensors.index.json"
 TOKENIZER_FILE, TOKENIZER_CONFIG_FILE = "tokenizer.json", "tokenizer_config.json"
 SUBLN_EPS = 1e-5  # our Diff head norm's eps (model.py), which DiffLlama takes from rms_norm_eps
 

@@ -40,8 +40,7 @@ from tqdm.auto import tqdm
 
 from .checkpoint import load_checkpoint, read_model_config
 from .data import SOURCES, data_fingerprint, documents, encode_documents
-from .evaluate import (evaluate_task, finite_metrics, model_max_len, rolling_requests, score_requests,
-                       text_perplexity)
+from .evaluate import evaluate_task, finite_metrics, model_max_len, rolling_requests, score_requests, text_perplexity
 from .io import locked_append
 from .quant import ActQuant, QuantConfig, WeightQuant, quantize_model
 from .quant.packed import QUANT_FILE
@@ -291,7 +290,8 @@ def _repair_tail(path: Path) -> None:
 
 
 def _append(fh, record: dict) -> None:
-    fh.write(json.dumps(record, allow_nan=False) + "\n")  # one call per line: a crash leaves whole lines or one cut-off tail
+    # one call per line: a crash leaves whole lines or one cut-off tail; records are standard JSON (no NaN)
+    fh.write(json.dumps(record, allow_nan=False) + "\n")
     fh.flush()
     os.fsync(fh.fileno())
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from . import nonfinite_exit
 from ..sweep import ATTN_IMPLS, DEFAULT_CALIB_TOKENS, PERPLEXITY_TASKS, TARGETS
+from . import nonfinite_exit
 
 
 def register(sub) -> None:

@@ -28,10 +28,10 @@ import torch
 from safetensors.torch import save
 from torch import nn
 
+from diffquant.io import write_safetensors
 from diffquant.quant.act import InputQuantLinear, QuantProbe
 from diffquant.quant.api import iter_quantized, tie_packed
 from diffquant.quant.config import ActQuant, QuantConfig
-from diffquant.io import write_safetensors
 from diffquant.quant.linear import QuantEmbedding, QuantLinear, _PackedWeight
 
 log = logging.getLogger(__name__)
