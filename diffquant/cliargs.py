@@ -3,9 +3,11 @@
 :func:`check_numbers` rewrites the parser once it is built: every ``type=int`` option becomes a bounded integer
 (positive, or non-negative for the names in :data:`NON_NEGATIVE`, at most :data:`UPPER` or
 :data:`DEFAULT_UPPER`; bit widths keep the quantizer's own range checks), every ``type=float`` option a
-finite non-negative number, and every ``--device`` a device that exists here. :func:`path_roles` names the input and output paths of a parsed command line (by the
-conventions in :data:`INPUT_FLAGS` / :data:`OUTPUT_FLAGS`, or a command's own ``inputs`` / ``outputs`` defaults),
-so the CLI can refuse an output over, inside or around an input for every sub-command in one place.
+finite non-negative number, and every ``--device`` a device that exists here.
+
+:func:`path_roles` names the input and output paths of a parsed command line (by the conventions in
+:data:`INPUT_FLAGS` / :data:`OUTPUT_FLAGS`, or a command's own ``inputs`` / ``outputs`` defaults), so the CLI
+can refuse an output over, inside or around an input for every sub-command in one place.
 """
 
 from __future__ import annotations
