@@ -78,7 +78,10 @@ def read_records(path: str | os.PathLike, missing_ok: bool = False) -> list[dict
         if missing_ok:
             return []
         raise FileNotFoundError(f"records file not found: {path}")
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not a JSONL records file (not UTF-8 text)") from None
     lines = text.split("\n")
     records = []
     for lineno, line in enumerate(lines, 1):
