@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from diffquant import load_checkpoint
+from diffquant import build_model, load_checkpoint
 
 
 def edit_config(ckpt: Path, text: str | None = None, **changes) -> Path:
@@ -93,7 +93,6 @@ def gguf_zero_heads(path: Path) -> Path:
     from tests.test_gguf import _write  # the suite's own llama.cpp-layout GGUF writer
 
     from .conftest import tiny_config
-    from diffquant import build_model
 
     model = build_model(tiny_config(vocab_size=101))
     return _write(path, model, kv={"add_head_count": 0})

@@ -1,0 +1,133 @@
+"""Fault injection for writes: whatever fails or is killed mid-way, the previous output stays whole and visible,
+and the next writer cleans up after a dead one. Plus the one-writer lock on sweep records."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import diffquant.io as dio
+from diffquant import build_model, load_checkpoint, save_checkpoint
+
+from .conftest import fingerprint, run_cli, tiny_config
+
+
+def _dead_pid() -> int:
+    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    return int(proc.stdout)
+
+
+@pytest.fixture
+def old(tmp_path) -> Path:
+    """A checkpoint folder that a later write tries to replace."""
+    return save_checkpoint(build_model(tiny_config(), seed=0), tmp_path / "ckpt")
+
+
+def _replace(target: Path) -> None:
+    save_checkpoint(build_model(tiny_config(), seed=1), target, overwrite=True)
+
+
+def _siblings(target: Path) -> list[str]:
+    return sorted(p.name for p in target.parent.iterdir())
+
+
+def test_failed_exchange_keeps_the_old_version(old, monkeypatch):
+    before = fingerprint(old)
+
+    def fails(a, b):
+        raise OSError("disk on fire")
+
+    monkeypatch.setattr(dio, "exchange", fails)
+    with pytest.raises(OSError, match="disk on fire"):
+        _replace(old)
+    assert fingerprint(old) == before and _siblings(old) == ["ckpt"]
+
+
+def test_failed_second_rename_restores_the_old_version(old, monkeypatch):
+    """Where exchange is unsupported: two renames; the second failing puts the old folder back."""
+    before = fingerprint(old)
+    monkeypatch.setattr(dio, "exchange", lambda a, b: False)
+    real, calls = os.rename, []
+
+    def second_fails(a, b):
+        calls.append((a, b))
+        if len(calls) == 2:
+            raise OSError("killed between the renames")
+        real(a, b)
+
+    monkeypatch.setattr(dio.os, "rename", second_fails)
+    with pytest.raises(OSError, match="between the renames"):
+        _replace(old)
+    monkeypatch.setattr(dio.os, "rename", real)
+    assert fingerprint(old) == before and _siblings(old) == ["ckpt"]
+
+
+def test_kill_between_two_renames_is_repaired_by_the_next_writer(old):
+    """A writer killed after moving the old folder aside: the next writer renames it back first."""
+    aside = old.with_name(f".ckpt.{dio.OLD_TAG}-{_dead_pid()}-0123abcd")
+    before = fingerprint(old)
+    os.rename(old, aside)  # what the killed writer left: no ckpt, the old version hidden beside it
+    dio.clean_stale(old)
+    assert _siblings(old) == ["ckpt"] and fingerprint(old) == before
+    assert load_checkpoint(old).config == tiny_config()
+
+
+def test_stale_temporaries_of_dead_writers_are_removed_live_ones_kept(old):
+    dead = old.with_name(f".ckpt.{dio.TMP_TAG}-{_dead_pid()}-00000000")
+    live = old.with_name(f".ckpt.{dio.TMP_TAG}-{os.getpid()}-11111111")
+    stale_file = old.with_name(f".ckpt.{dio.TMP_TAG}-{_dead_pid()}-22222222.json")
+    for p in (dead, live):
+        p.mkdir()
+        (p / "model.safetensors").write_bytes(b"half")
+    stale_file.write_text("{")
+    unrelated = old.with_name(".ckpt.mine")
+    unrelated.mkdir()
+    _replace(old)
+    assert _siblings(old) == sorted([".ckpt.mine", live.name, "ckpt"])
+
+
+def test_killed_writer_leaves_the_old_version_visible(old):
+    """A real SIGKILL of a process replacing the folder, at the moment it would swap: the old one is intact."""
+    before = fingerprint(old)
+    script = textwrap.dedent(f"""
+        import os, signal
+        import diffquant.io as dio
+        from diffquant import build_model, save_checkpoint
+        from tests.reliability.conftest import tiny_config
+        dio.exchange = lambda a, b: os.kill(os.getpid(), signal.SIGKILL)
+        save_checkpoint(build_model(tiny_config(), seed=1), {str(old)!r}, overwrite=True)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).resolve().parents[2])
+    assert proc.returncode == -signal.SIGKILL
+    assert fingerprint(old) == before  # still the old version, whole
+    assert any(dio.TMP_TAG in name for name in _siblings(old))  # the killed writer's temporary folder ...
+    _replace(old)
+    assert _siblings(old) == ["ckpt"]  # ... is removed by the next writer
+
+
+def test_failed_file_replace_keeps_the_old_file(tmp_path, monkeypatch):
+    target = tmp_path / "table.md"
+    target.write_text("old table\n")
+
+    def fails(a, b):
+        raise OSError("no space left")
+
+    monkeypatch.setattr(dio.os, "replace", fails)
+    with pytest.raises(OSError):
+        dio.atomic_write_text(target, "new table\n")
+    assert target.read_text() == "old table\n" and _siblings(target) == ["table.md"]
+
+
+def test_second_sweep_on_the_same_records_exits_2(assets, tmp_path, capsys):
+    out = tmp_path / "r.jsonl"
+    with dio.locked_append(out):
+        code, _, err = run_cli(["sweep", assets["ckpt"], "--target", "attn_logits", "--bits", "16", "--tasks",
+                                assets["text"], "--limit", "1", "--out", out], capsys)
+    assert code == 2 and err.count("\n") == 1 and "another process is writing" in err
+    assert out.read_text() == ""
