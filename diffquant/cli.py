@@ -24,9 +24,8 @@ log = logging.getLogger("diffquant")
 
 EXIT_USAGE = 2  # bad input: a one-line message on stderr, never a traceback
 EXIT_INTERNAL = 1  # a bug: one line and the hint to rerun with -v
-# Library errors that input can still cause where no boundary wrapped them yet.
-INPUT_ERRORS = (UserError, ValueError, FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError,
-                PermissionError, UnicodeDecodeError)
+# Our error, plus what the library raises for bad values (ValueError) and the file system for paths (OSError).
+INPUT_ERRORS = (UserError, ValueError, OSError)
 
 
 class OneLineParser(argparse.ArgumentParser):

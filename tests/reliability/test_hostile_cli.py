@@ -232,3 +232,17 @@ def test_hostile_input_is_one_line_and_exit_2(case, work, tmp_path, capsys):
     assert "Traceback" not in err
     after = fingerprint(*[p for p in names.values() if p.exists()])
     assert {k: v for k, v in after.items() if k in before} == before  # no input changed
+
+
+def test_unexpected_errors_are_one_line_with_the_verbose_hint(assets, capsys, monkeypatch):
+    import diffquant.commands.info as info
+
+    def bug(args):
+        raise KeyError("layers.0.attn")
+
+    monkeypatch.setattr(info, "run", bug)
+    code, _, err = run_cli(["info", assets["ckpt"]], capsys)
+    assert code == 1 and err.count("\n") == 1 and "KeyError" in err and "rerun with -v" in err
+    with pytest.raises(KeyError):
+        run_cli(["-v", "info", assets["ckpt"]], capsys)
+
