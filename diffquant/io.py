@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import json
 import logging
 import math
@@ -204,11 +205,12 @@ def exchange(a: Path, b: Path) -> bool:
     if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
         return True
     err = ctypes.get_errno()
-    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EPERM):  # EPERM: a seccomp filter may say so
         return False
     raise OSError(err, os.strerror(err), str(b))
 
 
+@functools.cache
 def _libc():
     try:
         return ctypes.CDLL(None, use_errno=True)
