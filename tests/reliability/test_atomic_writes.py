@@ -131,3 +131,14 @@ def test_second_sweep_on_the_same_records_exits_2(assets, tmp_path, capsys):
                                 assets["text"], "--limit", "1", "--out", out], capsys)
     assert code == 2 and err.count("\n") == 1 and "another process is writing" in err
     assert out.read_text() == ""
+
+
+def test_resume_skips_cells_already_there_even_duplicated(assets, tmp_path, capsys):
+    """A file where two unlocked sweeps wrote every cell twice: a resumed sweep computes nothing again."""
+    out = tmp_path / "r.jsonl"
+    argv = ["sweep", assets["ckpt"], "--target", "attn_logits", "--bits", "16", "8", "--tasks", assets["text"],
+            "--limit", "1", "--out", out, "--no-table"]
+    assert run_cli(argv, capsys)[0] == 0
+    out.write_text(out.read_text() * 2)
+    code, printed, _ = run_cli(argv, capsys)
+    assert code == 0 and '"written": 0' in printed and len(out.read_text().splitlines()) == 4
