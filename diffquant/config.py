@@ -162,21 +162,22 @@ def _require_positive(name: str, value, limit: int) -> None:
 
 
 def _check_types(cfg: ModelConfig) -> None:
-    """Strict JSON types: no "no" for a bool, no true for an int, no NaN or Infinity for a float."""
+    """Strict JSON types for the fields annotated bool, int, float or str (optionally ``| None``): no "no" for a
+    bool, no true for an int, no NaN or Infinity for a float."""
     for field in dataclasses.fields(cfg):
-        value = getattr(cfg, field.name)
-        if value is None and "None" in str(field.type):
+        value, (kind, *rest) = getattr(cfg, field.name), str(field.type).split(" | ")
+        if (value is None and "None" in rest) or kind not in _CHECKS:
             continue
-        if not _is_type(value, str(field.type).split(" |")[0]):
-            raise ValueError(f"{field.name} must be {str(field.type).split(' |')[0]}, got {value!r}")
+        if not _CHECKS[kind](value):
+            raise ValueError(f"{field.name} must be {kind}, got {value!r}")
 
 
-def _is_type(value, name: str) -> bool:
-    if name == "bool" or isinstance(value, bool):
-        return name == "bool" and isinstance(value, bool)
-    if name == "float":
-        return isinstance(value, (int, float)) and math.isfinite(value)
-    return isinstance(value, {"int": int, "str": str}[name])
+_CHECKS = {
+    "bool": lambda v: isinstance(v, bool),
+    "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
+    "str": lambda v: isinstance(v, str),
+}
 
 
 # Transformer presets; the Diff partner halves n_heads (and n_kv_heads) at the same head_dim.
