@@ -21,6 +21,7 @@ Activation granularities (scales are always per sequence at least, so results ne
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
 import os
 from dataclasses import dataclass
@@ -98,6 +99,12 @@ class WeightQuant:
             raise ValueError(f"damp must lie in (0, 1), got {self.damp!r}")
         if not _is_int(self.block_size) or self.block_size < 1:
             raise ValueError(f"block_size must be a positive integer, got {self.block_size!r}")
+        for name in ("symmetric", "act_order", "embeddings"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if isinstance(self.threshold, bool) or not isinstance(self.threshold, numbers.Real) \
+                or not 0 <= self.threshold < math.inf:
+            raise ValueError(f"threshold must be a finite non-negative number, got {self.threshold!r}")
 
     def _check_bnb(self) -> None:
         bits = BNB_BITS[self.method]

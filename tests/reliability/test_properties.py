@@ -39,6 +39,19 @@ def test_any_config_dict_is_a_config_or_a_one_line_value_error(data):
     _one_line_value_error(lambda: _valid(ModelConfig.from_dict(data)))
 
 
+QUANT_KEYS = ("method", "bits", "group_size", "symmetric", "act_order", "damp", "threshold", "embeddings",
+              "granularity")
+
+
+@FAST
+@given(st.sampled_from(["weights", "logits", "activations", "hidden"]),
+       st.dictionaries(st.sampled_from(QUANT_KEYS), json_values | small_ints | st.sampled_from(["rtn", "gptq",
+                                                                                             "token", "tensor"]),
+                       max_size=5))
+def test_any_quant_config_dict_is_a_config_or_a_one_line_value_error(part, data):
+    _one_line_value_error(lambda: QuantConfig.from_dict({part: data}))
+
+
 def _valid(cfg: ModelConfig) -> None:
     for name in ("vocab_size", "d_model", "n_layers", "n_heads", "max_seq_len"):
         value = getattr(cfg, name)
