@@ -330,7 +330,7 @@ def run_sweep(checkpoints: Sequence[str | os.PathLike], out: str | os.PathLike, 
     checkpoints = list(dict.fromkeys(os.path.normpath(str(c)) for c in checkpoints))
     for ckpt in checkpoints:
         check_checkpoint(ckpt, scheme)
-    if scheme.target == "weights-gptq":
+    if scheme.target == "weights-gptq" and calib_data != "train":  # the train split ships with the package
         documents(calib_data)  # exists and is readable
     data = {t.name: _task_data(t, limit, seed) for t in resolved}
     out = Path(out)
