@@ -22,7 +22,7 @@ UPPER = {"n_boot": 100_000, "batch_size": 4096, "topk": 1_000_000, "threads": 10
          "seq_len": 1 << 21, "calib_seq_len": 1 << 21, "chunk": 1 << 21,
          "calib_tokens": 1 << 24}  # calibration windows are allocated at once
 INPUT_FLAGS = ("checkpoint", "checkpoints", "source", "records", "pair", "init_from", "tokenizer", "data",
-               "calib_data")
+               "calib_data", "tasks")
 OUTPUT_FLAGS = ("out", "output", "json", "plot", "training_plot")
 
 
@@ -89,14 +89,21 @@ def _all_actions(parser: argparse.ArgumentParser):
 
 
 def path_roles(args: argparse.Namespace) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
-    """(inputs, outputs): flag -> the paths given for it on this command line."""
-    def given(dests, prefix: str) -> dict[str, list[str]]:
+    """(inputs, outputs): flag -> the paths given for it on this command line. An input value may also be a
+    comma-separated list with ``TASK:PATH`` items (``sweep --tasks``): each part counts as a path."""
+    def given(dests, prefix: str, expand) -> dict[str, list[str]]:
         found = {}
         for dest in dests:
             value = getattr(args, dest, None)
             if value:
                 values = value if isinstance(value, list) else [value]
-                found[prefix + dest.replace("_", "-")] = [str(v) for v in values]
+                found[prefix + dest.replace("_", "-")] = [p for v in values for p in expand(str(v))]
         return found
 
-    return given(getattr(args, "inputs", INPUT_FLAGS), ""), given(getattr(args, "outputs", OUTPUT_FLAGS), "--")
+    inputs = given(getattr(args, "inputs", INPUT_FLAGS), "", _path_candidates)
+    return inputs, given(getattr(args, "outputs", OUTPUT_FLAGS), "--", lambda v: [v])
+
+
+def _path_candidates(value: str) -> list[str]:
+    parts = [p.strip() for p in value.split(",") if p.strip()]
+    return [value, *parts, *(p.partition(":")[2] for p in parts if ":" in p)]

@@ -201,6 +201,10 @@ CASES = {
     "sweep/task-binary": (lambda w, t: {"bin": h.junk(t / "junk.txt")},
                           ["sweep", "{ckpt}", "--target", "attn_logits", "--tasks", "{bin}", "--out", "{t}/r.jsonl"],
                           "not a text file"),
+    "sweep/out-is-task-file": (nothing, ["sweep", "{ckpt}", "--target", "attn_logits", "--tasks",
+                                         "wikitext2,{text}", "--out", "{text}"], "is the input tasks"),
+    "sweep/out-is-task-path": (nothing, ["sweep", "{ckpt}", "--target", "attn_logits", "--tasks",
+                                         "hellaswag:{records}", "--out", "{records}"], "is the input tasks"),
     # -- train and demo: the same rules reach every sub-command --------------------------------------------
     "train/tokens-0": (nothing, ["train", "--arch", "diff", "--tokens", "0", "--out", "{t}/run"], "--tokens"),
     "train/lr-nan": (nothing, ["train", "--arch", "diff", "--tokens", "10", "--lr", "nan", "--out", "{t}/run"],
