@@ -5,8 +5,8 @@
   ``renameat2(RENAME_EXCHANGE)`` call, so the old version stays visible until the new one is complete. Where
   the kernel or file system cannot exchange, two renames are used and a kill between them is repaired by the
   next writer (the old folder is renamed back).
-* Temporary names carry the writer's pid (``.NAME.diffquant-tmp-PID-XXXX``); a writer removes the stale ones of
-  dead writers of the same target before it starts.
+* Temporary names carry the writer's host and pid (``.NAME.diffquant-tmp-HOST-PID-XXXXXXXX``); a writer removes
+  the stale ones of dead writers on the same host, for the same target, before it starts.
 * :func:`refuse_overlap`: the rule that no output equals, lies inside or contains an input.
 * :func:`canonical_safetensors`: safetensors bytes with a sorted header, so equal tensors give equal files.
 """
@@ -23,6 +23,7 @@ import os
 import re
 import secrets
 import shutil
+import socket
 import struct
 from collections.abc import Iterable, Mapping
 from contextlib import contextmanager
@@ -38,13 +39,20 @@ _RENAME_EXCHANGE, _AT_FDCWD = 2, -100
 
 # ---------------------------------------------------------------------------------------------------- names
 
-def _scratch_name(target: Path, tag: str, suffix: str = "") -> Path:
-    """``.NAME.TAG-PID-XXXX[SUFFIX]`` beside ``target`` (the suffix keeps writers that look at it happy)."""
-    return target.with_name(f".{target.name}.{tag}-{os.getpid()}-{secrets.token_hex(4)}{suffix}")
+def scratch_name(target: Path, tag: str, suffix: str = "", pid: int | None = None) -> Path:
+    """``.NAME.TAG-HOST-PID-XXXXXXXX[SUFFIX]`` beside ``target`` (the suffix keeps writers that look at it happy)."""
+    pid = os.getpid() if pid is None else pid
+    return target.with_name(f".{target.name}.{tag}-{_host()}-{pid}-{secrets.token_hex(4)}{suffix}")
+
+
+@functools.cache
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname()) or "host"
 
 
 def _scratch_pattern(target: Path) -> re.Pattern:
-    return re.compile(rf"^\.{re.escape(target.name)}\.({TMP_TAG}|{OLD_TAG})-(\d+)-[0-9a-f]+(\.[^/]*)?$")
+    tags = f"{TMP_TAG}|{OLD_TAG}"
+    return re.compile(rf"^\.{re.escape(target.name)}\.({tags})-{re.escape(_host())}-(\d+)-[0-9a-f]{{8}}(\.[^/]*)?$")
 
 
 def _alive(pid: int) -> bool:
@@ -91,7 +99,7 @@ def atomic_path(path: str | os.PathLike):
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     clean_stale(path)
-    tmp = _scratch_name(path, TMP_TAG, path.suffix)
+    tmp = scratch_name(path, TMP_TAG, path.suffix)
     try:
         yield tmp
         os.replace(tmp, path)
@@ -176,7 +184,7 @@ class atomic_dir:
     def __enter__(self) -> Path:
         self.target.parent.mkdir(parents=True, exist_ok=True)
         clean_stale(self.target)
-        self.tmp = _scratch_name(self.target, TMP_TAG)
+        self.tmp = scratch_name(self.target, TMP_TAG)
         self.tmp.mkdir()
         return self.tmp
 
@@ -219,7 +227,7 @@ def _libc():
 
 
 def _replace_by_two_renames(new: Path, target: Path) -> None:
-    old = _scratch_name(target, OLD_TAG)
+    old = scratch_name(target, OLD_TAG)
     os.rename(target, old)  # a kill from here to the next rename is repaired by clean_stale()
     try:
         os.rename(new, target)

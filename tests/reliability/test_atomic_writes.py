@@ -70,7 +70,7 @@ def test_failed_second_rename_restores_the_old_version(old, monkeypatch):
 
 def test_kill_between_two_renames_is_repaired_by_the_next_writer(old):
     """A writer killed after moving the old folder aside: the next writer renames it back first."""
-    aside = old.with_name(f".ckpt.{dio.OLD_TAG}-{_dead_pid()}-0123abcd")
+    aside = dio.scratch_name(old, dio.OLD_TAG, pid=_dead_pid())
     before = fingerprint(old)
     os.rename(old, aside)  # what the killed writer left: no ckpt, the old version hidden beside it
     dio.clean_stale(old)
@@ -78,18 +78,19 @@ def test_kill_between_two_renames_is_repaired_by_the_next_writer(old):
     assert load_checkpoint(old).config == tiny_config()
 
 
-def test_stale_temporaries_of_dead_writers_are_removed_live_ones_kept(old):
-    dead = old.with_name(f".ckpt.{dio.TMP_TAG}-{_dead_pid()}-00000000")
-    live = old.with_name(f".ckpt.{dio.TMP_TAG}-{os.getpid()}-11111111")
-    stale_file = old.with_name(f".ckpt.{dio.TMP_TAG}-{_dead_pid()}-22222222.json")
-    for p in (dead, live):
+def test_stale_temporaries_of_dead_writers_are_removed_live_and_foreign_ones_kept(old):
+    dead = dio.scratch_name(old, dio.TMP_TAG, pid=_dead_pid())
+    live = dio.scratch_name(old, dio.TMP_TAG)
+    stale_file = dio.scratch_name(old, dio.TMP_TAG, ".json", pid=_dead_pid())
+    other_host = old.with_name(f".ckpt.{dio.TMP_TAG}-elsewhere-{_dead_pid()}-0123abcd")  # not ours to judge
+    for p in (dead, live, other_host):
         p.mkdir()
         (p / "model.safetensors").write_bytes(b"half")
     stale_file.write_text("{")
     unrelated = old.with_name(".ckpt.mine")
     unrelated.mkdir()
     _replace(old)
-    assert _siblings(old) == sorted([".ckpt.mine", live.name, "ckpt"])
+    assert _siblings(old) == sorted([".ckpt.mine", live.name, other_host.name, "ckpt"])
 
 
 def test_killed_writer_leaves_the_old_version_visible(old):
