@@ -311,5 +311,4 @@ def finite_or_none(value):
 
 __all__ = ["atomic_dir", "atomic_path", "atomic_write_bytes", "atomic_write_text", "canonical_safetensors",
            "clean_stale", "dump_json", "exchange", "finite_or_none", "locked_append", "parse_json_object",
-           "read_json_file",
-           "refuse_overlap", "replace_dir", "write_safetensors"]
+           "read_json_file", "refuse_overlap", "replace_dir", "scratch_name", "write_safetensors"]
