@@ -48,10 +48,11 @@ def test_nonfinite_losses_are_recorded_marked_and_fail_the_command(overflowing, 
 
 
 def test_profile_table_shows_nan_and_inf_counts(overflowing, assets, capsys):
-    code, table, _ = run_cli(["profile", overflowing, "--data", assets["text"], "--tokens", "128", "--seq-len",
-                              "64"], capsys)
+    code, table, err = run_cli(["profile", overflowing, "--data", assets["text"], "--tokens", "128", "--seq-len",
+                                "64"], capsys)
     header = table.splitlines()[0]
-    assert code == 0 and "NaN" in header and "Inf" in header
+    assert "NaN" in header and "Inf" in header
+    assert code == 1 and "NaN/Inf" in err.splitlines()[-1]  # every site held only NaN/Inf
 
 
 def test_accuracy_from_nan_log_likelihoods_is_null():
