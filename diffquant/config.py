@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
-from .io import dump_json, parse_json_object, read_json_file
+from .io import JsonConfig
 
 ARCHS = ("transformer", "diff")
 ATTN_IMPLS = ("eager", "sdpa", "flash")
@@ -33,7 +31,7 @@ def lambda_init_for_layer(layer: int) -> float:
 
 
 @dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(JsonConfig):
     arch: str = "transformer"
     vocab_size: int = 8192
     d_model: int = 256
@@ -119,9 +117,6 @@ class ModelConfig:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
-    def to_json(self, path: str | Path | None = None) -> str:
-        return dump_json(self.to_dict(), path)
-
     @classmethod
     def from_dict(cls, data: dict) -> ModelConfig:
         known = {f.name for f in dataclasses.fields(cls)}
@@ -129,22 +124,6 @@ class ModelConfig:
         if unknown:
             raise ValueError(f"unknown config fields: {', '.join(unknown)}")
         return cls(**data)
-
-    @classmethod
-    def from_json_text(cls, text: str) -> ModelConfig:
-        """Parse JSON text; text is never taken for a path."""
-        return cls.from_dict(parse_json_object(text, "config"))
-
-    @classmethod
-    def from_json_file(cls, path: str | os.PathLike) -> ModelConfig:
-        return cls.from_dict(read_json_file(path))
-
-    @classmethod
-    def from_json(cls, text_or_path: str | os.PathLike) -> ModelConfig:
-        """JSON text (a ``str``), or a file when the caller passes a path object (``pathlib.Path``)."""
-        if isinstance(text_or_path, os.PathLike):
-            return cls.from_json_file(text_or_path)
-        return cls.from_json_text(text_or_path)
 
     @classmethod
     def preset(cls, name: str, arch: str = "transformer", **overrides) -> ModelConfig:

@@ -173,6 +173,28 @@ def locked_append(path: str | os.PathLike):
             fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
+class JsonConfig:
+    """JSON round trip of a config dataclass with ``to_dict`` / ``from_dict``: text and files are separate ways
+    in, so text is never taken for a path (``from_json`` takes a ``str`` as text, a path object as a file)."""
+
+    def to_json(self, path: str | os.PathLike | None = None) -> str:
+        return dump_json(self.to_dict(), path)
+
+    @classmethod
+    def from_json_text(cls, text: str):
+        return cls.from_dict(parse_json_object(text, f"{cls.__name__} JSON"))
+
+    @classmethod
+    def from_json_file(cls, path: str | os.PathLike):
+        return cls.from_dict(read_json_file(path))
+
+    @classmethod
+    def from_json(cls, text_or_path: str | os.PathLike):
+        if isinstance(text_or_path, os.PathLike):
+            return cls.from_json_file(text_or_path)
+        return cls.from_json_text(text_or_path)
+
+
 # ---------------------------------------------------------------------------------------------------- folders
 
 class atomic_dir:
@@ -309,6 +331,6 @@ def finite_or_none(value):
     return value
 
 
-__all__ = ["atomic_dir", "atomic_path", "atomic_write_bytes", "atomic_write_text", "canonical_safetensors",
-           "clean_stale", "dump_json", "exchange", "finite_or_none", "locked_append", "parse_json_object",
-           "read_json_file", "refuse_overlap", "replace_dir", "scratch_name", "write_safetensors"]
+__all__ = ["JsonConfig", "atomic_dir", "atomic_path", "atomic_write_bytes", "atomic_write_text",
+           "canonical_safetensors", "clean_stale", "dump_json", "exchange", "finite_or_none", "locked_append",
+           "parse_json_object", "read_json_file", "refuse_overlap", "replace_dir", "scratch_name", "write_safetensors"]

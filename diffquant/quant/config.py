@@ -23,11 +23,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
-from ..io import dump_json, parse_json_object, read_json_file
+from ..io import JsonConfig
 
 __all__ = ["ACT_GRANULARITIES", "PROBE_TARGETS", "WEIGHT_METHODS", "ActQuant", "QuantConfig", "WeightQuant"]
 
@@ -161,7 +159,7 @@ class ActQuant:
 
 
 @dataclass(frozen=True)
-class QuantConfig:
+class QuantConfig(JsonConfig):
     """Weights + dynamic quantizers at probes (logits, probs, qk, hidden) + Linear inputs (activations)."""
 
     weights: WeightQuant | None = None
@@ -189,9 +187,6 @@ class QuantConfig:
         return {f.name: (None if getattr(self, f.name) is None else getattr(self, f.name).to_dict())
                 for f in dataclasses.fields(self)}
 
-    def to_json(self, path: str | Path | None = None) -> str:
-        return dump_json(self.to_dict(), path)
-
     @classmethod
     def from_dict(cls, data: dict) -> "QuantConfig":
         if not isinstance(data, dict):
@@ -205,22 +200,6 @@ class QuantConfig:
             part = WeightQuant if name == "weights" else ActQuant
             parts[name] = None if value is None else part.from_dict(value)
         return cls(**parts)
-
-    @classmethod
-    def from_json_text(cls, text: str) -> "QuantConfig":
-        """Parse JSON text; text is never taken for a path."""
-        return cls.from_dict(parse_json_object(text, "quant config"))
-
-    @classmethod
-    def from_json_file(cls, path: str | os.PathLike) -> "QuantConfig":
-        return cls.from_dict(read_json_file(path))
-
-    @classmethod
-    def from_json(cls, text_or_path: str | os.PathLike) -> "QuantConfig":
-        """JSON text (a ``str``), or a file when the caller passes a path object (``pathlib.Path``)."""
-        if isinstance(text_or_path, os.PathLike):
-            return cls.from_json_file(text_or_path)
-        return cls.from_json_text(text_or_path)
 
     def probe_targets(self) -> dict[str, ActQuant]:
         """Probe kind -> its (non-no-op) quantizer."""
