@@ -1,9 +1,9 @@
 """Command-line values are checked where they enter, by one rule for every sub-command.
 
 :func:`check_numbers` rewrites the parser once it is built: every ``type=int`` option becomes a bounded integer
-(positive, or non-negative for the names in :data:`NON_NEGATIVE`, at most :data:`UPPER` or
-:data:`DEFAULT_UPPER`; bit widths keep the quantizer's own range checks), every ``type=float`` option a
-finite non-negative number, and every ``--device`` a device that exists here.
+(positive; non-negative where 0 is the default, as in "0 = off", or the name is in :data:`NON_NEGATIVE`; at
+most :data:`UPPER` or :data:`DEFAULT_UPPER`; bit widths keep the quantizer's own range checks), every
+``type=float`` option a finite non-negative number, and every ``--device`` a device that exists here.
 
 :func:`path_roles` names the input and output paths of a parsed command line (by the conventions in
 :data:`INPUT_FLAGS` / :data:`OUTPUT_FLAGS`, or a command's own ``inputs`` / ``outputs`` defaults), so the CLI
@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import math
 
-NON_NEGATIVE = frozenset({"seed", "warmup_steps"})
+NON_NEGATIVE = frozenset({"seed", "warmup_steps"})  # 0 is meaningful though not the default
 DOMAIN_CHECKED = frozenset({"bits", "act_bits", "logit_bits"})  # the quantizer's own range messages say more
 DEFAULT_UPPER = 2**31 - 1
 UPPER = {"n_boot": 100_000, "batch_size": 4096, "topk": 1_000_000, "threads": 1024, "seed": 2**32 - 1,
@@ -26,8 +26,8 @@ INPUT_FLAGS = ("checkpoint", "checkpoints", "source", "records", "pair", "init_f
 OUTPUT_FLAGS = ("out", "output", "json", "plot", "training_plot")
 
 
-def bounded_int(dest: str):
-    low = 0 if dest in NON_NEGATIVE else 1
+def bounded_int(dest: str, zero_ok: bool = False):
+    low = 0 if zero_ok or dest in NON_NEGATIVE else 1
     high = UPPER.get(dest, DEFAULT_UPPER)
 
     def parse(text: str) -> int:
@@ -73,7 +73,7 @@ def check_numbers(parser: argparse.ArgumentParser) -> None:
     """Give every sub-command's int, float and device options the checked types above."""
     for action in _all_actions(parser):
         if action.type is int and action.dest not in DOMAIN_CHECKED:
-            action.type = bounded_int(action.dest)
+            action.type = bounded_int(action.dest, zero_ok=action.default == 0)
         elif action.type is float:
             action.type = finite_float
         elif action.dest == "device" and action.type is None:

@@ -123,3 +123,22 @@ def test_config_json_round_trip_stays_standard_json():
     text = ModelConfig.preset("tiny", arch="diff").to_json()
     assert ModelConfig.from_json_text(text) == ModelConfig.preset("tiny", arch="diff")
     json.loads(text, parse_constant=lambda c: pytest.fail(f"non-standard constant {c}"))
+
+
+def test_zero_is_accepted_exactly_where_it_is_the_default():
+    """``--every 0`` (0 = off, the default) is fine; ``--count 0`` is not; floats must be finite."""
+    import argparse
+
+    from diffquant.cli import OneLineParser
+    from diffquant.cliargs import check_numbers
+
+    parser = OneLineParser(prog="x")
+    parser.add_argument("--every", type=int, default=0)
+    parser.add_argument("--count", type=int, default=5)
+    parser.add_argument("--rate", type=float, default=0.1)
+    check_numbers(parser)
+    assert parser.parse_args(["--every", "0", "--count", "1", "--rate", "0"]).every == 0
+    for bad in (["--count", "0"], ["--every", "-1"], ["--rate", "inf"]):
+        with pytest.raises(SystemExit):
+            parser.parse_args(bad)
+    assert isinstance(parser, argparse.ArgumentParser)
