@@ -51,8 +51,12 @@ def _host() -> str:
 
 
 def _scratch_pattern(target: Path) -> re.Pattern:
-    tags = f"{TMP_TAG}|{OLD_TAG}"
-    return re.compile(rf"^\.{re.escape(target.name)}\.({tags})-{re.escape(_host())}-(\d+)-[0-9a-f]{{8}}(\.[^/]*)?$")
+    """Our scratch names for ``target`` on this host, and ``.NAME.old-PID``: what diffquant before 0.2 left when
+    killed between its two renames (the only copy of the old version)."""
+    name, tags = re.escape(target.name), f"{TMP_TAG}|{OLD_TAG}"
+    ours = rf"\.{name}\.(?P<tag>{tags})-{re.escape(_host())}-(?P<pid>\d+)-[0-9a-f]{{8}}(\.[^/]*)?"
+    legacy = rf"\.{name}\.(?P<legacy>old)-(?P<legacy_pid>\d+)"
+    return re.compile(rf"^(?:{ours}|{legacy})$")
 
 
 def _alive(pid: int) -> bool:
@@ -74,9 +78,9 @@ def clean_stale(target: str | os.PathLike) -> None:
     pattern = _scratch_pattern(target)
     for entry in sorted(target.parent.iterdir()):
         match = pattern.match(entry.name)
-        if match is None or _alive(int(match.group(2))):
+        if match is None or _alive(int(match["pid"] or match["legacy_pid"])):
             continue
-        if match.group(1) == OLD_TAG and not target.exists():
+        if (match["tag"] == OLD_TAG or match["legacy"]) and not target.exists():
             log.warning("restoring %s from %s (a replacement was interrupted)", target, entry.name)
             os.rename(entry, target)
             continue

@@ -78,6 +78,14 @@ def test_kill_between_two_renames_is_repaired_by_the_next_writer(old):
     assert load_checkpoint(old).config == tiny_config()
 
 
+def test_old_version_left_by_earlier_releases_is_restored(old):
+    """diffquant before this fix left ``.NAME.old-PID`` as the only copy when killed between its renames."""
+    before = fingerprint(old)
+    os.rename(old, old.with_name(f".ckpt.old-{_dead_pid()}"))
+    dio.clean_stale(old)  # what the next writer of ckpt does first
+    assert _siblings(old) == ["ckpt"] and fingerprint(old) == before
+
+
 def test_stale_temporaries_of_dead_writers_are_removed_live_and_foreign_ones_kept(old):
     dead = dio.scratch_name(old, dio.TMP_TAG, pid=_dead_pid())
     live = dio.scratch_name(old, dio.TMP_TAG)
