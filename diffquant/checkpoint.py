@@ -160,6 +160,19 @@ class TensorInfo:
     dtype: str
     shape: tuple[int, ...]
 
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * _ITEM_BYTES[self.dtype]
+
+
+def check_capacity(path: Path, parameters: int, files: list[Path]) -> None:
+    """Refuse a config that describes more parameters than the weight files can hold at one bit each (codes
+    packed below a byte included): a model that big would be allocated for weights that are not there."""
+    stored_bits = 8 * sum(t.nbytes for file in files for t in read_header(file).values())
+    if parameters > stored_bits:
+        raise CheckpointError(f"{path}: config.json describes {parameters} parameters but the weights hold "
+                              f"only {stored_bits // 8} bytes")
+
 
 def read_header(weights: Path) -> dict[str, TensorInfo]:
     """The tensors a safetensors file declares, checked against the file's size before any data is read."""

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from contextvars import ContextVar
@@ -38,7 +37,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .checkpoint import CheckpointError, load_checkpoint, read_header
+from .checkpoint import CheckpointError, check_capacity, load_checkpoint
 from .config import SIZE_LIMITS
 from .errors import first_line
 from .hf import is_hf_folder, weight_files
@@ -308,18 +307,16 @@ def load_hf_model(path: str | Path, dtype: torch.dtype = torch.float32):
     """A local HF causal LM folder, offline, with no remote code and no pickle, in eval mode.
 
     Checked before anything is allocated: the config's sizes, the shard paths and safetensors headers, and that
-    the weights hold at least as many values as the model the config describes (built on the meta device)."""
+    the weights can hold the model the config describes (built on the meta device), quantized ones included."""
     from transformers import AutoModelForCausalLM
 
     path = Path(path)
     if not is_hf_folder(path):
         raise CheckpointError(f"{path} is not a Hugging Face model folder (config.json with model_type)")
-    declared = sum(math.prod(t.shape) for file in weight_files(path) for t in read_header(file).values())
     config = _checked_config(path)
     with torch.device("meta"):
         needed = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
-    if needed > declared:
-        raise CheckpointError(f"{path}: config.json describes {needed} parameters but the weights hold {declared}")
+    check_capacity(path, needed, weight_files(path))
     try:
         model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype,
                                                      trust_remote_code=False, use_safetensors=True)

@@ -120,17 +120,6 @@ def _check_digest(path: Path, info: dict) -> None:
                                 "longer describe the stored codes")
 
 
-def _check_size(path: Path, cfg) -> None:
-    """The float model the config describes must fit the stored values (codes pack at most 2 per byte)."""
-    from diffquant.checkpoint import expected_shapes, read_header
-
-    needed = sum(math.prod(s) for s in expected_shapes(cfg).values())
-    stored = sum(math.prod(t.shape) * (2 if t.dtype in ("U8", "I8") else 1)
-                 for t in read_header(path / WEIGHTS_FILE).values())
-    if needed > stored:
-        raise _checkpoint_error(f"{path}: config.json describes {needed} parameters but the weights hold {stored}")
-
-
 def fp16_file_bytes(model: nn.Module) -> int:
     """Size of the model's state dict as an fp16 safetensors file (shared tensors once): the size baseline."""
     tensors, _ = _dedupe(model.state_dict())
@@ -193,9 +182,10 @@ def load_quantized(path: str | Path, device: str | torch.device = "cpu", dtype: 
     path = Path(path)
     info = read_quant_info(path)
     cfg = read_config(path)
-    _check_size(path, cfg)
+    from diffquant.checkpoint import _read_tensors, check_capacity, expected_shapes  # lazy, see _checkpoint_error
+
+    check_capacity(path, sum(math.prod(s) for s in expected_shapes(cfg).values()), [path / WEIGHTS_FILE])
     model = build_model(cfg)
-    from diffquant.checkpoint import _read_tensors  # lazy, see _checkpoint_error; same checks as float checkpoints
 
     restore_quantized_(model, info, _read_tensors(path / WEIGHTS_FILE), where=str(path))
     _check_digest(path, info)
