@@ -471,9 +471,10 @@ def render_report(records: Sequence[dict], fmt: str = "markdown", metrics: Seque
 
 
 def csv_rows(cells: Sequence[Cell], comparisons: Sequence[Comparison]) -> list[list]:
-    """Tidy rows (raw values, accuracies as fractions) under :data:`CSV_HEADER`."""
-    rows = [["degradation", c.scheme, c.model, c.arch, c.task, c.metric, c.bits, c.value, c.delta, c.low, c.high,
-             c.p, c.n] for c in cells]
+    """Tidy rows (raw values, accuracies as fractions; ``nan`` for values from NaN/Inf losses) under
+    :data:`CSV_HEADER`."""
+    rows = [["degradation", c.scheme, c.model, c.arch, c.task, c.metric, c.bits,
+             math.nan if c.value is None else c.value, c.delta, c.low, c.high, c.p, c.n] for c in cells]
     rows += [["diff_vs_transformer", r.scheme, f"{r.diff} vs {r.transformer}", "diff-transformer", r.task, r.metric,
               r.bits, None, r.advantage, r.low, r.high, None, r.n] for r in comparisons]
     return rows

@@ -45,6 +45,8 @@ def test_nonfinite_losses_are_recorded_marked_and_fail_the_command(overflowing, 
         assert rec["metrics"]["perplexity"] is None and rec["nonfinite"] == {"units": 2, "of": 2}
     code, table, err = run_cli(["report", out], capsys)
     assert code == 1 and table.count("NaN/Inf") == 2
+    code, table, err = run_cli(["report", out, "--format", "csv"], capsys)
+    assert code == 1 and table.count(",nan,") == 2
 
 
 def test_profile_table_shows_nan_and_inf_counts(overflowing, assets, capsys):
