@@ -310,28 +310,18 @@ def run_sweep(checkpoints: Sequence[str | os.PathLike], out: str | os.PathLike, 
               granularity: str | None = None, group_size: int | None = None, limit: int | None = None,
               seed: int = 0, batch_size: int = 8, calib_tokens: int | None = None, calib_data: str = "train",
               attn_impl: str = "eager", device: str = "cpu", progress: bool = True) -> dict:
-    """Score every checkpoint × bits × task not yet in ``out``; returns ``{"out", "written", "skipped"}``.
+    """Score every checkpoint × bits × task not yet in ``out``; returns ``{"out", "written", "nonfinite",
+    "skipped"}``.
 
-    Everything is checked before the first model is loaded (targets, bits, tasks and their data, limit,
-    checkpoints exist, are float and admit the group size, calibration data, ``out`` holds no records of a
-    different checkpoint at the same path). One sweep writes ``out`` at a time (a lock); the cells already in it
-    are read under the lock and skipped. NaN/Inf losses are recorded as null metrics with a ``nonfinite`` count.
+    Everything is checked before the first model is loaded (:func:`check_sweep`). One sweep writes ``out`` at a
+    time (a lock); the cells already in it are read under the lock and skipped. NaN/Inf losses are recorded as
+    null metrics with a ``nonfinite`` count.
     """
     scheme = make_scheme(target, granularity, group_size, calib_tokens)
     bits = check_bits(scheme, bits)
-    if limit is not None:
-        _positive("limit", limit)
-    _positive("batch_size", batch_size)
-    if attn_impl not in ATTN_IMPLS:
-        raise ValueError(f"unknown attn_impl {attn_impl!r}; choose one of {', '.join(ATTN_IMPLS)}")
     resolved = list({t.name: t for t in map(resolve_task, tasks)}.values())
-    if not resolved:
-        raise ValueError("no tasks given")
     checkpoints = list(dict.fromkeys(os.path.normpath(str(c)) for c in checkpoints))
-    for ckpt in checkpoints:
-        check_checkpoint(ckpt, scheme)
-    if scheme.target == "weights-gptq" and calib_data != "train":  # the train split ships with the package
-        documents(calib_data)  # exists and is readable
+    check_sweep(scheme, checkpoints, resolved, limit, batch_size, attn_impl, calib_data)
     data = {t.name: _task_data(t, limit, seed) for t in resolved}
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -348,6 +338,23 @@ def run_sweep(checkpoints: Sequence[str | os.PathLike], out: str | os.PathLike, 
                 _sweep_checkpoint(ckpt, scheme, data, settings, calib_data, fh, bar, progress, counts)
     log.info("%s: %d records written, %d already there", out, counts["written"], total - counts["written"])
     return {"out": str(out), **counts, "skipped": total - counts["written"]}
+
+
+def check_sweep(scheme: Scheme, checkpoints: list[str], tasks: list[Task], limit: int | None, batch_size: int,
+                attn_impl: str, calib_data: str) -> None:
+    """The settings, tasks, checkpoints (exist, float, admit the group size) and calibration data; the task
+    data and the records file (no records of a different checkpoint at the same path) are checked next."""
+    if limit is not None:
+        _positive("limit", limit)
+    _positive("batch_size", batch_size)
+    if attn_impl not in ATTN_IMPLS:
+        raise ValueError(f"unknown attn_impl {attn_impl!r}; choose one of {', '.join(ATTN_IMPLS)}")
+    if not tasks:
+        raise ValueError("no tasks given")
+    for ckpt in checkpoints:
+        check_checkpoint(ckpt, scheme)
+    if scheme.target == "weights-gptq" and calib_data != "train":  # the train split ships with the package
+        documents(calib_data)  # exists and is readable
 
 
 def check_checkpoint(path: str, scheme: Scheme) -> None:
