@@ -1,7 +1,10 @@
 """The ``diffquant`` command line.
 
 Each sub-command lives in ``diffquant/commands/<name>.py`` with a ``register(subparsers)`` function; they
-are discovered automatically. Errors caused by input become one line on stderr and exit code 2.
+are discovered automatically. Arguments are checked where they enter (:mod:`diffquant.cliargs`), no output may
+be written over, into or around an input, and every error is one line on stderr: exit 2 for bad input (a
+:class:`~diffquant.errors.UserError`, raised at the boundaries: loading, parsing, devices), exit 1 with a hint to
+rerun with ``-v`` for anything unexpected. ``-v`` shows the traceback.
 """
 
 from __future__ import annotations
@@ -13,15 +16,27 @@ import pkgutil
 import sys
 
 from . import commands
-from .errors import UserError
+from .cliargs import check_numbers, path_roles
+from .errors import UserError, first_line
+from .io import refuse_overlap
 
 log = logging.getLogger("diffquant")
 
 EXIT_USAGE = 2  # bad input: a one-line message on stderr, never a traceback
+EXIT_INTERNAL = 1  # a bug: one line and the hint to rerun with -v
+# Our error, plus what the library raises for bad values (ValueError) and the file system for paths (OSError).
+INPUT_ERRORS = (UserError, ValueError, OSError)
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with one-line usage errors: ``diffquant: error: argument --tokens: must be ...``."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"diffquant: error: {message.splitlines()[0]} (see `{self.prog} --help`)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="diffquant",
         description="Profile activation outliers, quantize checkpoints and print degradation tables "
                     "for Differential Transformers and matched Transformers.",
@@ -30,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
         importlib.import_module(f"{commands.__name__}.{info.name}").register(sub)
+    check_numbers(parser)
     return parser
 
 
@@ -37,24 +53,31 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
-    except SystemExit as exc:  # argparse already printed its one-line usage error
+    except SystemExit as exc:  # argparse already printed its one-line usage error (or the help)
         return int(exc.code or 0)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     if args.command is None:
         parser.print_help()
         return 0
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     try:
+        refuse_overlap(*path_roles(args))
         return args.func(args)
-    except (UserError, ValueError, FileNotFoundError, FileExistsError, RuntimeError, OSError) as exc:
+    except INPUT_ERRORS as exc:
         if args.verbose:
             raise
-        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        print(f"diffquant: error: {message}", file=sys.stderr)
+        print(f"diffquant: error: {first_line(exc)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("diffquant: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # the last resort: one line, never a traceback unless asked
+        if args.verbose:
+            raise
+        print(f"diffquant: internal error: {type(exc).__name__}: {first_line(exc)} "
+              "(rerun with -v for the traceback)", file=sys.stderr)
+        return EXIT_INTERNAL
 
 
 if __name__ == "__main__":

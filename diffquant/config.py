@@ -8,15 +8,16 @@ a Transformer with ``H`` heads of the same ``head_dim`` (the paper's parameter m
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
-from .io import dump_json
+from .io import JsonConfig
 
 ARCHS = ("transformer", "diff")
 ATTN_IMPLS = ("eager", "sdpa", "flash")
+# Sanity limits checked before anything is allocated (far above any model this toolkit is meant for).
+SIZE_LIMITS = {"vocab_size": 1 << 21, "d_model": 1 << 16, "n_layers": 1024, "n_heads": 1024, "n_kv_heads": 1024,
+               "head_dim": 1 << 12, "ffn_dim": 1 << 18, "max_seq_len": 1 << 21}
 
 
 def default_ffn_dim(d_model: int) -> int:
@@ -30,7 +31,7 @@ def lambda_init_for_layer(layer: int) -> float:
 
 
 @dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(JsonConfig):
     arch: str = "transformer"
     vocab_size: int = 8192
     d_model: int = 256
@@ -47,16 +48,15 @@ class ModelConfig:
     lambda_init: float | None = None  # Diff only: None = the paper's per-layer schedule; a number = that constant
 
     def __post_init__(self):
+        _check_types(self)
         if self.arch not in ARCHS:
             raise ValueError(f"unknown arch {self.arch!r}; expected one of {', '.join(ARCHS)}")
         if self.attn_impl not in ATTN_IMPLS:
             raise ValueError(f"unknown attn_impl {self.attn_impl!r}; expected one of {', '.join(ATTN_IMPLS)}")
-        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "max_seq_len"):
-            _require_positive(name, getattr(self, name))
-        for name in ("n_kv_heads", "head_dim", "ffn_dim"):
+        for name, limit in SIZE_LIMITS.items():
             if getattr(self, name) is not None:
-                _require_positive(name, getattr(self, name))
-        if self.rope_theta <= 0 or self.norm_eps <= 0:
+                _require_positive(name, getattr(self, name), limit)
+        if not (self.rope_theta > 0 and self.norm_eps > 0):
             raise ValueError("rope_theta and norm_eps must be positive")
         if self.lambda_init is not None and not (isinstance(self.lambda_init, (int, float))
                                                  and math.isfinite(self.lambda_init)):
@@ -125,9 +125,6 @@ class ModelConfig:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
-    def to_json(self, path: str | Path | None = None) -> str:
-        return dump_json(self.to_dict(), path)
-
     @classmethod
     def from_dict(cls, data: dict) -> ModelConfig:
         known = {f.name for f in dataclasses.fields(cls)}
@@ -135,19 +132,6 @@ class ModelConfig:
         if unknown:
             raise ValueError(f"unknown config fields: {', '.join(unknown)}")
         return cls(**data)
-
-    @classmethod
-    def from_json(cls, text_or_path: str | Path) -> ModelConfig:
-        text = str(text_or_path)
-        if not text.lstrip().startswith("{"):
-            text = Path(text_or_path).read_text()
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"config is not valid JSON: {exc}") from None
-        if not isinstance(data, dict):
-            raise ValueError("config JSON must be an object")
-        return cls.from_dict(data)
 
     @classmethod
     def preset(cls, name: str, arch: str = "transformer", **overrides) -> ModelConfig:
@@ -159,9 +143,28 @@ class ModelConfig:
         return dataclasses.replace(cfg, **overrides) if overrides else cfg
 
 
-def _require_positive(name: str, value) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+def _require_positive(name: str, value, limit: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= limit:
+        raise ValueError(f"{name} must be a positive integer (at most {limit}), got {value!r}")
+
+
+def _check_types(cfg: ModelConfig) -> None:
+    """Strict JSON types for the fields annotated bool, int, float or str (optionally ``| None``): no "no" for a
+    bool, no true for an int, no NaN or Infinity for a float."""
+    for field in dataclasses.fields(cfg):
+        value, (kind, *rest) = getattr(cfg, field.name), str(field.type).split(" | ")
+        if (value is None and "None" in rest) or kind not in _CHECKS:
+            continue
+        if not _CHECKS[kind](value):
+            raise ValueError(f"{field.name} must be {kind}, got {value!r}")
+
+
+_CHECKS = {
+    "bool": lambda v: isinstance(v, bool),
+    "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
+    "str": lambda v: isinstance(v, str),
+}
 
 
 # Transformer presets; the Diff partner halves n_heads (and n_kv_heads) at the same head_dim.

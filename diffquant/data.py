@@ -29,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .errors import UserError, first_line
+
 log = logging.getLogger(__name__)
 
 CALIB_ENV = "DIFFQUANT_CALIB"
@@ -84,8 +86,13 @@ def read_bytes(path: str | os.PathLike) -> bytes:
     """The file's bytes, decompressed according to its suffix (.xz, .bz2, .gz)."""
     path = Path(path)
     opener = _COMPRESSED.get(path.suffix.lower(), open)
-    with opener(path, "rb") as f:
-        return f.read()
+    try:
+        with opener(path, "rb") as f:
+            return f.read()
+    except (lzma.LZMAError, OSError, EOFError) as exc:
+        if isinstance(exc, (FileNotFoundError, IsADirectoryError, PermissionError)):
+            raise
+        raise UserError(f"{path} is corrupt or truncated ({first_line(exc)})") from None
 
 
 def decode(raw: bytes) -> str:
@@ -117,8 +124,24 @@ def strip_gutenberg(text: str) -> str:
 
 
 def read_text(path: str | os.PathLike) -> str:
-    """Read a text file (optionally compressed) and normalise it: decode, ``\\n`` line ends, no PG boilerplate."""
-    return strip_gutenberg(normalize_newlines(decode(read_bytes(path))))
+    """Read a text file (optionally compressed) and normalise it: decode, ``\\n`` line ends, no PG boilerplate.
+    Binary files (NUL bytes, or more than 1% control bytes) are refused rather than read as latin-1."""
+    raw = read_bytes(path)
+    if looks_binary(raw):
+        raise UserError(f"{path} is not a text file (it holds binary bytes)")
+    return strip_gutenberg(normalize_newlines(decode(raw)))
+
+
+_CONTROL_BYTES = bytes(b for b in range(32) if b not in b"\t\n\r\f\x1a")
+
+
+def looks_binary(raw: bytes) -> bool:
+    """NUL bytes anywhere, or more than 1% control bytes in the first MiB."""
+    if b"\x00" in raw:
+        return True
+    sample = raw[: 1 << 20]
+    controls = len(sample) - len(sample.translate(None, delete=_CONTROL_BYTES))
+    return controls > len(sample) // 100
 
 
 def _doc_name(path: Path) -> str:

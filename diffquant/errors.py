@@ -1,5 +1,13 @@
-"""Errors reported to the user as one line (the CLI exits 2 on these and on ValueError/FileNotFoundError)."""
+"""Our one error type: anything caused by input (a path, a file's content, an argument, a device) raises a
+:class:`UserError` with a one-line message at the boundary where it is found; the CLI prints that line and
+exits 2. Anything else is a bug: the CLI's last-resort handler prints one line and the hint to rerun with -v."""
 
 
 class UserError(Exception):
-    """An error caused by what the user asked for; reported as one line."""
+    """An error caused by what the user asked for or gave us; reported as one line."""
+
+
+def first_line(exc: BaseException) -> str:
+    """The first non-empty line of an exception's message, or its type name."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

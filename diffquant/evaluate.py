@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from .io import finite_or_none
 from .tasks import TASKS, Item, canonical_task, load_task
 
 log = logging.getLogger(__name__)
@@ -248,6 +249,27 @@ def _check_items(items: Sequence[Item]) -> None:
 def _mean(values: Iterable) -> float:
     arr = np.fromiter((float(v) for v in values), dtype=np.float64)
     return float(arr.mean()) if arr.size else float("nan")
+
+
+def finite_metrics(metrics: dict) -> tuple[dict, dict | None]:
+    """Metrics safe to record: if any per-item log-likelihood or per-window loss is NaN or ±Inf, every
+    aggregate computed from them (accuracy, perplexity, loss) becomes None, as does any other non-finite number;
+    the second value counts the non-finite items or windows (None when all are finite)."""
+    units = metrics.get("items") or metrics.get("window_losses") or []
+    bad = sum(not all(map(math.isfinite, _unit_values(u))) for u in units)
+    aggregate = {k: v for k, v in metrics.items() if isinstance(v, float)}
+    if bad == 0 and all(map(math.isfinite, aggregate.values())):
+        return metrics, None
+    clean = {k: (None if k in aggregate and (bad or not math.isfinite(v)) else v) for k, v in metrics.items()}
+    return finite_or_none(clean), {"units": bad, "of": len(units)}
+
+
+def _unit_values(unit) -> list[float]:
+    """The numbers of one item record (its ``ll``: a float or one per choice) or one window ``[nats, tokens]``."""
+    if isinstance(unit, dict):
+        ll = unit.get("ll", [])
+        return [float(x) for x in (ll if isinstance(ll, list) else [ll])]
+    return [float(x) for x in unit]
 
 
 def paired_arrays(result_a: dict, result_b: dict, key: str = "correct") -> tuple[np.ndarray, np.ndarray]:

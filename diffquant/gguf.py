@@ -16,9 +16,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .checkpoint import CheckpointError, _check_match
+from .checkpoint import CheckpointError, _check_match, expected_shapes
 from .config import ModelConfig
 from .data import calib_dir
+from .errors import first_line
 from .model import LM, build_model
 
 log = logging.getLogger(__name__)
@@ -49,20 +50,26 @@ def stories260k_tokenizer_path() -> Path:
 def load_gguf(path: str | Path) -> LM:
     """A float32 model in eval mode holding the weights of the Llama GGUF file ``path``."""
     path = Path(path)
-    reader = _open(path)
-    meta = _metadata(reader)
-    _refuse_unsupported(path, meta)
-    tensors = _tensors(path, reader)
-    cfg = _config(path, meta, tensors)
+    reader, shapes, cfg = _read_header(path)
+    _check_match(path, expected_shapes(cfg), {_our_name(path, name): s for name, s in shapes.items()})
+    state = {_our_name(path, name): t for name, t in _tensors(path, reader).items()}
     model = build_model(cfg)
-    state = {_our_name(path, name): t for name, t in tensors.items()}
-    expected = {k: v.shape for k, v in model.state_dict().items()}
-    if cfg.tie_embeddings:
-        expected.pop("head.weight")
-    _check_match(path, expected, state)
     model.load_state_dict(state, strict=False)  # strict=False only for the tied head, checked above
     log.info("loaded %s: %s", path, cfg)
     return model.eval()
+
+
+def read_gguf_config(path: str | Path) -> ModelConfig:
+    """The model config of a GGUF file, from its metadata and tensor shapes only (no tensor is read)."""
+    return _read_header(Path(path))[2]
+
+
+def _read_header(path: Path):
+    reader = _open(path)
+    meta = _metadata(reader)
+    _refuse_unsupported(path, meta)
+    shapes = {t.name: torch.Size(int(n) for n in reversed(t.shape)) for t in reader.tensors}  # (out, in)
+    return reader, shapes, _config(path, meta, shapes)
 
 
 def read_vocab(path: str | Path) -> list[str]:
@@ -83,8 +90,7 @@ def _open(path: Path):
     try:
         return GGUFReader(str(path), "r")
     except Exception as exc:  # the reader fails with assorted types (ValueError, IndexError, struct/numpy errors)
-        first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise CheckpointError(f"{path} is not a GGUF file or is corrupt or truncated ({first_line})") from None
+        raise CheckpointError(f"{path} is not a GGUF file or is corrupt or truncated ({first_line(exc)})") from None
 
 
 def _metadata(reader) -> dict:
@@ -124,18 +130,20 @@ def _our_name(path: Path, name: str) -> str:
 
 # -- the config -------------------------------------------------------------------------------------------
 
-def _config(path: Path, meta: dict, tensors: dict[str, torch.Tensor]) -> ModelConfig:
+def _config(path: Path, meta: dict, shapes: dict[str, torch.Size]) -> ModelConfig:
     def need(key: str):
         if f"llama.{key}" not in meta:
             raise CheckpointError(f"{path}: metadata llama.{key} is missing")
         return meta[f"llama.{key}"]
 
     for name in ("token_embd.weight", "blk.0.attn_q.weight", "blk.0.attn_k.weight"):
-        if name not in tensors:
+        if name not in shapes:
             raise CheckpointError(f"{path}: tensor {name} is missing")
     d_model, n_heads = int(need("embedding_length")), int(need("attention.head_count"))
+    if n_heads < 1:
+        raise CheckpointError(f"{path}: metadata llama.attention.head_count must be positive, got {n_heads}")
     n_kv = int(meta.get("llama.attention.head_count_kv", n_heads))
-    q_dim = tensors["blk.0.attn_q.weight"].shape[0]
+    q_dim = shapes["blk.0.attn_q.weight"][0]
     if q_dim % n_heads:
         raise CheckpointError(f"{path}: attn_q width {q_dim} is not a multiple of {n_heads} heads")
     head_dim = q_dim // n_heads
@@ -144,16 +152,16 @@ def _config(path: Path, meta: dict, tensors: dict[str, torch.Tensor]) -> ModelCo
         raise CheckpointError(f"{path}: partial rotary embeddings ({rotary} of {head_dim} dims) are not supported")
     try:
         return ModelConfig(
-            arch="transformer", vocab_size=tensors["token_embd.weight"].shape[0], d_model=d_model,
+            arch="transformer", vocab_size=shapes["token_embd.weight"][0], d_model=d_model,
             n_layers=int(need("block_count")), n_heads=n_heads, n_kv_heads=n_kv,
             head_dim=None if head_dim * n_heads == d_model else head_dim,  # None: the usual d_model // n_heads
             ffn_dim=int(need("feed_forward_length")), max_seq_len=int(need("context_length")),
             rope_theta=_decimal(meta.get("llama.rope.freq_base", 10000.0)),
             norm_eps=_decimal(need("attention.layer_norm_rms_epsilon")),
-            tie_embeddings="output.weight" not in tensors,
+            tie_embeddings="output.weight" not in shapes,
         )
-    except ValueError as exc:
-        raise CheckpointError(f"{path}: invalid model metadata ({exc})") from None
+    except (ValueError, TypeError) as exc:
+        raise CheckpointError(f"{path}: invalid model metadata ({first_line(exc)})") from None
 
 
 def _decimal(value) -> float:

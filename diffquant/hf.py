@@ -35,10 +35,23 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
-from .checkpoint import CONFIG_FILE, WEIGHTS_FILE, CheckpointError, _check_match, _read_tensors, atomic_dir
+from .checkpoint import (
+    CONFIG_FILE,
+    FLOAT_DTYPES,
+    INDEX_FILE,
+    WEIGHTS_FILE,
+    CheckpointError,
+    _check_match,
+    _read_tensors,
+    atomic_dir,
+    check_header,
+    read_header,
+    refuse_pickle,
+)
 from .config import ModelConfig, default_ffn_dim
+from .errors import first_line
+from .io import read_json_file, write_safetensors
 from .model import LAMBDA_STD, LM, build_model
 
 log = logging.getLogger(__name__)
@@ -46,7 +59,6 @@ log = logging.getLogger(__name__)
 ARCHITECTURES = {"transformer": ("llama", "LlamaForCausalLM"), "diff": ("diffllama", "DiffLlamaForCausalLM")}
 MODEL_TYPES = {model_type: arch for arch, (model_type, _) in ARCHITECTURES.items()}
 SIDECAR_FILE = "diffquant.safetensors"  # exact originals of what the fold changes; transformers ignores it
-INDEX_FILE = "model.safetensors.index.json"
 TOKENIZER_FILE, TOKENIZER_CONFIG_FILE = "tokenizer.json", "tokenizer_config.json"
 SUBLN_EPS = 1e-5  # our Diff head norm's eps (model.py), which DiffLlama takes from rms_norm_eps
 
@@ -99,7 +111,7 @@ def hf_config(cfg: ModelConfig, bos_id: int | None = None, eos_id: int | None = 
     try:
         return AutoConfig.for_model(kwargs.pop("model_type"), **kwargs)
     except (ValueError, TypeError, StrictDataclassError) as exc:  # StrictDataclassError: transformers' validators
-        raise CheckpointError(f"transformers refuses this config: {_first_line(exc.__cause__ or exc)}") from None
+        raise CheckpointError(f"transformers refuses this config: {first_line(exc.__cause__ or exc)}") from None
 
 
 def _rows(n_chunks: int, d: int, diff: bool, rope: bool) -> torch.Tensor:
@@ -186,7 +198,7 @@ def save_hf(model: LM, path: str | Path, tokenizer=None, overwrite: bool = False
     tensors = to_hf_state_dict(model, dtype)
     with atomic_dir(path) as tmp:
         config.save_pretrained(tmp)
-        save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+        write_safetensors(tensors, tmp / WEIGHTS_FILE, metadata={"format": "pt"})
         _save_sidecar(model, tmp / SIDECAR_FILE, dtype)
         if tokenizer is not None:
             _save_tokenizer(tokenizer, tmp, cfg.max_seq_len)
@@ -201,7 +213,7 @@ def _save_sidecar(model: LM, file: Path, dtype: torch.dtype) -> None:
         for i, block in enumerate(model.layers):
             tensors[f"layers.{i}.attn.out_proj.weight"] = block.attn.out_proj.weight.detach().to(dtype).contiguous()
             tensors[f"layers.{i}.attn.subln.weight"] = block.attn.subln.weight.detach().to(dtype).contiguous()
-    save_file(tensors, str(file), metadata={"format": "pt", "diffquant_config": model.config.to_json()})
+    write_safetensors(tensors, file, metadata={"format": "pt", "diffquant_config": model.config.to_json()})
 
 
 # -- tokenizer files --------------------------------------------------------------------------------------
@@ -301,7 +313,7 @@ def config_from_hf(hf: dict, source: str = "HF config") -> ModelConfig:
             tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
         )
     except (KeyError, ValueError, TypeError) as exc:
-        raise CheckpointError(f"{source}: invalid model config ({_first_line(exc)})") from None
+        raise CheckpointError(f"{source}: invalid model config ({first_line(exc)})") from None
 
 
 def _rope(hf: dict) -> dict:
@@ -340,7 +352,7 @@ def from_hf_state_dict(tensors: dict[str, torch.Tensor], cfg: ModelConfig, sourc
     tensors = {k: v for k, v in tensors.items() if not k.endswith("rotary_emb.inv_freq")}  # old checkpoints
     if cfg.tie_embeddings:
         tensors.pop("lm_head.weight", None)  # tied: transformers ignores a stored copy too
-    _check_match(Path(source), _hf_shapes(cfg), tensors)
+    _check_match(Path(source), _hf_shapes(cfg), {k: v.shape for k, v in tensors.items()})
     inverse = {name: torch.argsort(order) for name, order in _row_maps(cfg).items()}
     out = {"embed.weight": tensors["model.embed_tokens.weight"], "norm.weight": tensors["model.norm.weight"]}
     if not cfg.tie_embeddings:
@@ -397,6 +409,7 @@ def load_hf(path: str | Path) -> LM:
     path = Path(path)
     hf = _read_json(path / CONFIG_FILE)
     cfg = config_from_hf(hf, str(path))
+    _check_hf_header(path, cfg)
     tensors = _read_hf_tensors(path)
     state = from_hf_state_dict(tensors, cfg, str(path))
     cfg, state = _apply_sidecar(path, cfg, state, tensors)
@@ -408,29 +421,49 @@ def _read_json(file: Path) -> dict:
     if not file.is_file():
         raise CheckpointError(f"{file.parent} has no {file.name}")
     try:
-        data = json.loads(file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{file} is not valid JSON ({_first_line(exc)})") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{file} must hold a JSON object")
-    return data
+        return read_json_file(file)
+    except ValueError as exc:
+        raise CheckpointError(first_line(exc)) from None
+
+
+def weight_files(path: Path) -> list[Path]:
+    """model.safetensors, or the shards a model.safetensors.index.json lists, each resolved inside ``path``;
+    never pickle files."""
+    refuse_pickle(path)
+    if (path / WEIGHTS_FILE).is_file():
+        return [path / WEIGHTS_FILE]
+    if not (path / INDEX_FILE).is_file():
+        raise CheckpointError(f"{path} has no {WEIGHTS_FILE}")
+    weight_map = _read_json(path / INDEX_FILE).get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise CheckpointError(f"{path / INDEX_FILE} lists no weight files")
+    return [_shard(path, name) for name in sorted(set(map(str, weight_map.values())))]
+
+
+def _shard(path: Path, name: str) -> Path:
+    """A shard named by the index: a .safetensors file inside the folder (no ``..``, no absolute path)."""
+    folder = path.resolve()
+    file = (folder / name).resolve()
+    if folder not in file.parents or file.suffix != ".safetensors":
+        raise CheckpointError(f"{path / INDEX_FILE} names {name!r}, which is not a .safetensors file inside {path}")
+    return file
+
+
+def _check_hf_header(path: Path, cfg: ModelConfig) -> None:
+    """Declared tensors against the config before anything is read (HF names, tied head and inv_freq aside)."""
+    declared = {}
+    for file in weight_files(path):
+        declared.update(read_header(file))
+    declared = {k: v for k, v in declared.items() if not k.endswith("rotary_emb.inv_freq")
+                and not (cfg.tie_embeddings and k == "lm_head.weight")}
+    check_header(path, _hf_shapes(cfg), declared, dtypes=FLOAT_DTYPES)
 
 
 def _read_hf_tensors(path: Path) -> dict[str, torch.Tensor]:
-    """model.safetensors, or the shards a model.safetensors.index.json lists; never pickle files."""
-    if (path / WEIGHTS_FILE).is_file():
-        return _read_tensors(path / WEIGHTS_FILE)
-    if (path / INDEX_FILE).is_file():
-        shards = sorted(set(_read_json(path / INDEX_FILE).get("weight_map", {}).values()))
-        if not shards:
-            raise CheckpointError(f"{path / INDEX_FILE} lists no weight files")
-        tensors = {}
-        for shard in shards:
-            tensors.update(_read_tensors(path / shard))
-        return tensors
-    if any(path.glob("*.bin")) or any(path.glob("*.pt")):
-        raise CheckpointError(f"{path} holds only pickle weights (*.bin); convert them to safetensors first")
-    raise CheckpointError(f"{path} has no {WEIGHTS_FILE}")
+    tensors = {}
+    for file in weight_files(path):
+        tensors.update(_read_tensors(file))
+    return tensors
 
 
 def _apply_sidecar(path: Path, cfg: ModelConfig, state: dict, tensors: dict) -> tuple[ModelConfig, dict]:
@@ -440,11 +473,12 @@ def _apply_sidecar(path: Path, cfg: ModelConfig, state: dict, tensors: dict) -> 
         if cfg.arch == "diff":
             log.warning("%s: no %s; the head norm stays folded into o_proj (subln weight 1)", path, SIDECAR_FILE)
         return cfg, state
+    read_header(file)
     with safe_open(str(file), framework="pt") as fh:
         meta = fh.metadata() or {}
         extra = {k: fh.get_tensor(k) for k in fh.keys()}
     try:
-        saved = ModelConfig.from_json(meta["diffquant_config"])
+        saved = ModelConfig.from_json_text(meta["diffquant_config"])
     except (KeyError, ValueError, TypeError):
         log.warning("%s: unreadable %s; ignored", path, SIDECAR_FILE)
         return cfg, state
@@ -469,11 +503,6 @@ def _fold_matches(cfg: ModelConfig, extra: dict, tensors: dict) -> bool:
                    for i in range(cfg.n_layers))
     except (KeyError, RuntimeError):
         return False
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 __all__ = [

@@ -37,8 +37,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .checkpoint import CheckpointError, load_checkpoint
-from .hf import is_hf_folder
+from .checkpoint import CheckpointError, check_capacity, load_checkpoint
+from .config import SIZE_LIMITS
+from .errors import first_line
+from .hf import is_hf_folder, weight_files
 from .probes import Probe
 
 log = logging.getLogger(__name__)
@@ -302,20 +304,47 @@ def _hidden_hook(probe: Probe):
 # -- loading ----------------------------------------------------------------------------------------------
 
 def load_hf_model(path: str | Path, dtype: torch.dtype = torch.float32):
-    """A local HF causal LM folder, offline, with no remote code, in eval mode."""
+    """A local HF causal LM folder, offline, with no remote code and no pickle, in eval mode.
+
+    Checked before anything is allocated: the config's sizes, the shard paths and safetensors headers, and that
+    the weights can hold the model the config describes (built on the meta device), quantized ones included."""
     from transformers import AutoModelForCausalLM
 
     path = Path(path)
     if not is_hf_folder(path):
         raise CheckpointError(f"{path} is not a Hugging Face model folder (config.json with model_type)")
+    config = _checked_config(path)
+    with torch.device("meta"):
+        needed = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
+    check_capacity(path, needed, weight_files(path))
     try:
         model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype,
-                                                     trust_remote_code=False)
+                                                     trust_remote_code=False, use_safetensors=True)
     except (OSError, ValueError, KeyError) as exc:
-        text = str(exc).strip()
-        raise CheckpointError(f"{path}: transformers cannot load it ({text.splitlines()[0] if text else exc!r})") \
-            from None
+        raise CheckpointError(f"{path}: transformers cannot load it ({first_line(exc)})") from None
     return model.eval()
+
+
+HF_SIZE_KEYS = {"vocab_size": "vocab_size", "hidden_size": "d_model", "num_hidden_layers": "n_layers",
+                "num_attention_heads": "n_heads", "num_key_value_heads": "n_kv_heads", "head_dim": "head_dim",
+                "intermediate_size": "ffn_dim", "max_position_embeddings": "max_seq_len"}
+
+
+def _checked_config(path: Path):
+    """The folder's transformers config, its sizes within :data:`~diffquant.config.SIZE_LIMITS`."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{path}: transformers cannot read its config ({first_line(exc)})") from None
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    for key, ours in HF_SIZE_KEYS.items():
+        value = getattr(text, key, None)
+        if value is not None and not (isinstance(value, int) and 0 < value <= SIZE_LIMITS[ours]):
+            raise CheckpointError(f"{path}: config.json {key} must be an integer in 1..{SIZE_LIMITS[ours]}, "
+                                  f"got {value!r}")
+    return config
 
 
 def load_for_profiling(path: str | Path, dtype: torch.dtype = torch.float32) -> nn.Module:

@@ -1,19 +1,109 @@
-"""Atomic file writes: a temporary file beside the target, then a rename (never a half-written file)."""
+"""Every file or folder diffquant writes goes through here: atomic, crash-safe, never over an input.
+
+* :func:`atomic_path` / :func:`atomic_write_text`: a temporary file beside the target, then one rename.
+* :class:`atomic_dir`: a temporary folder beside the target; an existing target is swapped with it in one
+  ``renameat2(RENAME_EXCHANGE)`` call, so the old version stays visible until the new one is complete. Where
+  the kernel or file system cannot exchange, two renames are used and a kill between them is repaired by the
+  next writer (the old folder is renamed back).
+* Temporary names carry the writer's host and pid (``.NAME.diffquant-tmp-HOST-PID-XXXXXXXX``); a writer removes
+  the stale ones of dead writers on the same host, for the same target, before it starts.
+* :func:`refuse_overlap`: the rule that no output equals, lies inside or contains an input.
+* :func:`canonical_safetensors`: safetensors bytes with a sorted header, so equal tensors give equal files.
+"""
 
 from __future__ import annotations
 
+import ctypes
+import errno
+import functools
 import json
+import logging
+import math
 import os
+import re
+import secrets
+import shutil
+import socket
+import struct
+from collections.abc import Iterable, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
+from .errors import UserError
+
+log = logging.getLogger(__name__)
+
+TMP_TAG, OLD_TAG = "diffquant-tmp", "diffquant-old"
+_RENAME_EXCHANGE, _AT_FDCWD = 2, -100
+
+
+# ---------------------------------------------------------------------------------------------------- names
+
+def scratch_name(target: Path, tag: str, suffix: str = "", pid: int | None = None) -> Path:
+    """``.NAME.TAG-HOST-PID-XXXXXXXX[SUFFIX]`` beside ``target`` (the suffix keeps writers that look at it happy)."""
+    pid = os.getpid() if pid is None else pid
+    return target.with_name(f".{target.name}.{tag}-{_host()}-{pid}-{secrets.token_hex(4)}{suffix}")
+
+
+@functools.cache
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname()) or "host"
+
+
+def _scratch_pattern(target: Path) -> re.Pattern:
+    """Our scratch names for ``target`` on this host, and ``.NAME.old-PID``: what diffquant before 0.2 left when
+    killed between its two renames (the only copy of the old version)."""
+    name, tags = re.escape(target.name), f"{TMP_TAG}|{OLD_TAG}"
+    ours = rf"\.{name}\.(?P<tag>{tags})-{re.escape(_host())}-(?P<pid>\d+)-[0-9a-f]{{8}}(\.[^/]*)?"
+    legacy = rf"\.{name}\.(?P<legacy>old)-(?P<legacy_pid>\d+)"
+    return re.compile(rf"^(?:{ours}|{legacy})$")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def clean_stale(target: str | os.PathLike) -> None:
+    """Remove the temporary files and folders that dead writers of ``target`` left beside it; a replaced
+    version whose writer died before the new one took its place is renamed back first."""
+    target = Path(target)
+    if not target.parent.is_dir():
+        return
+    pattern = _scratch_pattern(target)
+    for entry in sorted(target.parent.iterdir()):
+        match = pattern.match(entry.name)
+        if match is None or _alive(int(match["pid"] or match["legacy_pid"])):
+            continue
+        if (match["tag"] == OLD_TAG or match["legacy"]) and not target.exists():
+            log.warning("restoring %s from %s (a replacement was interrupted)", target, entry.name)
+            os.rename(entry, target)
+            continue
+        log.info("removing %s (left by an interrupted write)", entry)
+        _remove(entry)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+# ---------------------------------------------------------------------------------------------------- files
 
 @contextmanager
 def atomic_path(path: str | os.PathLike):
     """Yield a temporary path with the target's suffix; on success it replaces ``path``, on error it vanishes."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.tmp{os.getpid()}{path.suffix}")
+    clean_stale(path)
+    tmp = scratch_name(path, TMP_TAG, path.suffix)
     try:
         yield tmp
         os.replace(tmp, path)
@@ -23,13 +113,228 @@ def atomic_path(path: str | os.PathLike):
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     with atomic_path(path) as tmp:
-        tmp.write_text(text)
+        tmp.write_text(text, encoding="utf-8")
+    return Path(path)
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
     return Path(path)
 
 
 def dump_json(data: dict, path: str | os.PathLike | None = None) -> str:
-    """Stable JSON text of ``data`` (sorted keys); written atomically to ``path`` when given."""
-    text = json.dumps(data, indent=2, sort_keys=True)
+    """Stable, standard JSON text of ``data`` (sorted keys, no NaN); written atomically to ``path`` when given."""
+    text = json.dumps(data, indent=2, sort_keys=True, allow_nan=False)
     if path is not None:
         atomic_write_text(path, text + "\n")
     return text
+
+
+def parse_json_object(text: str, what: str) -> dict:
+    """``text`` parsed as one JSON object (standard JSON: NaN and Infinity are refused), else a ValueError."""
+    try:
+        data = json.loads(text, parse_constant=_refuse_constant)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise ValueError(f"{what} is not valid JSON ({str(exc).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{what} must be a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _refuse_constant(name: str):
+    raise json.JSONDecodeError(f"non-standard constant {name}", name, 0)
+
+
+def read_json_file(path: str | os.PathLike, what: str | None = None) -> dict:
+    """A JSON object read from the file ``path`` (one-line ValueError for a missing, binary or invalid file)."""
+    path = Path(path)
+    what = what or str(path)
+    if not path.is_file():
+        raise ValueError(f"{what}: no such file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{what} is not UTF-8 text") from None
+    return parse_json_object(text, what)
+
+
+@contextmanager
+def locked_append(path: str | os.PathLike):
+    """``path`` opened for appending by one writer at a time: a second one gets a one-line UserError."""
+    import fcntl  # POSIX only, like the rest of the crash-safety machinery
+
+    path = Path(path)
+    with path.open("a", encoding="utf-8") as fh:
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UserError(f"another process is writing {path}; wait for it to finish or choose another file") \
+                from None
+        try:
+            yield fh
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+class JsonConfig:
+    """JSON round trip of a config dataclass with ``to_dict`` / ``from_dict``: text and files are separate ways
+    in, so text is never taken for a path (``from_json`` takes a ``str`` as text, a path object as a file)."""
+
+    def to_json(self, path: str | os.PathLike | None = None) -> str:
+        return dump_json(self.to_dict(), path)
+
+    @classmethod
+    def from_json_text(cls, text: str):
+        return cls.from_dict(parse_json_object(text, f"{cls.__name__} JSON"))
+
+    @classmethod
+    def from_json_file(cls, path: str | os.PathLike):
+        return cls.from_dict(read_json_file(path))
+
+    @classmethod
+    def from_json(cls, text_or_path: str | os.PathLike):
+        if isinstance(text_or_path, os.PathLike):
+            return cls.from_json_file(text_or_path)
+        return cls.from_json_text(text_or_path)
+
+
+# ---------------------------------------------------------------------------------------------------- folders
+
+class atomic_dir:
+    """Context manager yielding a temporary folder that replaces ``target`` on success, vanishes on error."""
+
+    def __init__(self, target: str | os.PathLike):
+        self.target = Path(target)
+
+    def __enter__(self) -> Path:
+        self.target.parent.mkdir(parents=True, exist_ok=True)
+        clean_stale(self.target)
+        self.tmp = scratch_name(self.target, TMP_TAG)
+        self.tmp.mkdir()
+        return self.tmp
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            if exc_type is None:
+                _make_readable(self.tmp)  # a checkpoint should read like any other folder
+                replace_dir(self.tmp, self.target)
+        finally:
+            _remove(self.tmp)  # after an exchange it holds the old version
+
+
+def replace_dir(new: Path, target: Path) -> None:
+    """Make ``new`` visible as ``target``; an existing ``target`` ends up at ``new``'s path (to be removed)."""
+    if not target.exists():
+        os.rename(new, target)
+    elif not exchange(new, target):
+        _replace_by_two_renames(new, target)
+
+
+def exchange(a: Path, b: Path) -> bool:
+    """Swap two paths in one system call; False where the platform or file system cannot."""
+    renameat2 = getattr(_libc(), "renameat2", None)
+    if renameat2 is None:
+        return False
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EPERM):  # EPERM: a seccomp filter may say so
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+@functools.cache
+def _libc():
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+
+
+def _replace_by_two_renames(new: Path, target: Path) -> None:
+    old = scratch_name(target, OLD_TAG)
+    os.rename(target, old)  # a kill from here to the next rename is repaired by clean_stale()
+    try:
+        os.rename(new, target)
+    except BaseException:
+        os.rename(old, target)
+        raise
+    os.rename(old, new)  # the caller removes new
+
+
+def _make_readable(folder: Path) -> None:
+    umask = os.umask(0)
+    os.umask(umask)
+    for p in [folder, *folder.rglob("*")]:
+        p.chmod((0o777 if p.is_dir() else 0o666) & ~umask)
+
+
+# ---------------------------------------------------------------------------------------------------- the input rule
+
+def refuse_overlap(inputs: Mapping[str, Iterable[str | os.PathLike]],
+                   outputs: Mapping[str, Iterable[str | os.PathLike]]) -> None:
+    """Refuse (UserError) any output that equals, lies inside or contains an input.
+
+    ``inputs`` / ``outputs``: flag name -> paths. Inputs that do not exist are ignored (names such as ``test``
+    that mean a data split, not a file); outputs are compared as they would be created (symlinks resolved).
+    """
+    sources = [(flag, Path(p).resolve()) for flag, paths in inputs.items() for p in paths if Path(p).exists()]
+    for out_flag, paths in outputs.items():
+        for out in paths:
+            dst = Path(out).resolve()
+            for in_flag, src in sources:
+                relation = _relation(src, dst)
+                if relation:
+                    raise UserError(f"{out_flag} {out} {relation} the input {in_flag} {src}: no output may replace, "
+                                    "enter or enclose an input")
+
+
+def _relation(src: Path, dst: Path) -> str | None:
+    if dst == src:
+        return "is"
+    if src in dst.parents:
+        return "lies inside"
+    if dst in src.parents:
+        return "contains"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------- safetensors
+
+def canonical_safetensors(data: bytes) -> bytes:
+    """The same safetensors file with its JSON header written with sorted keys (the Rust writer orders the
+    metadata by a random hash): equal tensors and metadata give byte-identical files."""
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    text = json.dumps(_sorted(header), separators=(",", ":"), sort_keys=True).encode()
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text + data[8 + n:]
+
+
+def _sorted(header: dict) -> dict:
+    meta = header.get("__metadata__")
+    return {**header, "__metadata__": dict(sorted(meta.items()))} if meta else header
+
+
+def write_safetensors(tensors: dict, path: str | os.PathLike, metadata: dict[str, str] | None = None) -> Path:
+    """``tensors`` as a canonical safetensors file, written atomically."""
+    from safetensors.torch import save  # lazy: io is imported by light modules
+
+    return atomic_write_bytes(path, canonical_safetensors(save(tensors, metadata=metadata)))
+
+
+def finite_or_none(value):
+    """``value`` with every non-finite float replaced by None (records stay standard JSON)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_or_none(v) for v in value]
+    return value
+
+
+__all__ = ["JsonConfig", "atomic_dir", "atomic_path", "atomic_write_bytes", "atomic_write_text",
+           "canonical_safetensors", "clean_stale", "dump_json", "exchange", "finite_or_none", "locked_append",
+           "parse_json_object", "read_json_file", "refuse_overlap", "replace_dir", "scratch_name", "write_safetensors"]

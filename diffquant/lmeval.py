@@ -70,6 +70,14 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def _quant_config(quant: str):
+    """lm-eval's ``quant=`` argument: JSON text, or else the path of a JSON file the user named."""
+    from .quant import QuantConfig
+
+    text = quant.lstrip()
+    return QuantConfig.from_json_text(text) if text.startswith("{") else QuantConfig.from_json_file(quant)
+
+
 def _load_model(pretrained, quant, device: str, calib_tokens: int, seed: int):
     """A diffquant model from a checkpoint path (or as given), quantized when ``quant`` says so."""
     import torch
@@ -80,7 +88,7 @@ def _load_model(pretrained, quant, device: str, calib_tokens: int, seed: int):
     model = load_checkpoint(pretrained, device=device) if isinstance(pretrained, (str, os.PathLike)) else pretrained
     if quant is None or quant == "":
         return model
-    config = quant if isinstance(quant, QuantConfig) else QuantConfig.from_json(str(quant))
+    config = quant if isinstance(quant, QuantConfig) else _quant_config(str(quant))
     calib = None
     if config.weights is not None and config.weights.method == "gptq":
         from .evaluate import model_max_len

@@ -262,6 +262,8 @@ def _average_sequences(results: list[dict]) -> dict:
 
 def token_batches(ids, seq_len: int, batch_size: int, max_tokens: int | None = None) -> list[torch.Tensor]:
     """Contiguous, non-overlapping windows of ``seq_len`` tokens from a 1-d id array, in batches."""
+    if max_tokens and len(ids) < max_tokens:
+        log.warning("the data has %d tokens, fewer than the %d asked for: profiling all of them", len(ids), max_tokens)
     ids = torch.as_tensor(ids[: max_tokens] if max_tokens else ids).long()
     n = len(ids) // seq_len
     if n == 0:

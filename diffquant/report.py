@@ -51,6 +51,7 @@ METRICS = {"perplexity": ("perplexity",), "multiple_choice": ("acc", "acc_norm")
 PRIMARY_METRIC = {"perplexity": "perplexity", "multiple_choice": "acc_norm", "lambada": "acc"}
 ACCURACY_KEYS = {"acc": "correct", "acc_norm": "correct_norm"}
 ARCH_NAMES = {"transformer": "Transformer", "diff": "Diff"}
+NONFINITE_MARK = "NaN/Inf"
 CSV_HEADER = ["section", "scheme", "model", "arch", "task", "metric", "bits", "value", "delta", "low", "high",
               "p_mcnemar", "n"]
 
@@ -77,7 +78,10 @@ def read_records(path: str | os.PathLike, missing_ok: bool = False) -> list[dict
         if missing_ok:
             return []
         raise FileNotFoundError(f"records file not found: {path}")
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not a JSONL records file (not UTF-8 text)") from None
     lines = text.split("\n")
     records = []
     for lineno, line in enumerate(lines, 1):
@@ -90,10 +94,34 @@ def read_records(path: str | os.PathLike, missing_ok: bool = False) -> list[dict
                 log.warning("%s:%d: skipping a truncated last line (interrupted sweep?)", path, lineno)
                 continue
             raise ValueError(f"{path}:{lineno}: not a JSON record") from None
-        if not isinstance(rec, dict) or not {"checkpoint", "bits", "task", "kind", "metrics"} <= rec.keys():
-            raise ValueError(f"{path}:{lineno}: not a sweep record (needs checkpoint, bits, task, kind, metrics)")
+        problem = record_problem(rec)
+        if problem:
+            raise ValueError(f"{path}:{lineno}: not a sweep record ({problem})")
         records.append(rec)
     return records
+
+
+def record_problem(rec) -> str | None:
+    """What makes ``rec`` unusable as a sweep record (None when it is fine): the fields the tables read."""
+    if not isinstance(rec, dict) or not {"checkpoint", "bits", "task", "kind", "metrics"} <= rec.keys():
+        return "needs checkpoint, bits, task, kind, metrics"
+    if rec["kind"] not in METRICS or not isinstance(rec["metrics"], dict):
+        return f"kind must be one of {', '.join(METRICS)} and metrics an object"
+    if not isinstance(rec["bits"], int) or isinstance(rec["bits"], bool) or not isinstance(rec["checkpoint"], str):
+        return "bits must be an integer and checkpoint a string"
+    m = rec["metrics"]
+    units = "window_losses" if rec["kind"] == "perplexity" else "items"
+    if not isinstance(m.get(units), list) or not all(k in m for k in METRICS[rec["kind"]]):
+        return f"metrics need {', '.join(METRICS[rec['kind']])} and {units}"
+    if any(v is not None and not isinstance(v, (int, float)) for v in (m[k] for k in METRICS[rec["kind"]])):
+        return "metric values must be numbers or null"
+    return None
+
+
+def is_finite(rec: dict) -> bool:
+    """No NaN/Inf went into the record's metrics (older records may hold NaN; newer ones null + ``nonfinite``)."""
+    values = [rec["metrics"][k] for k in METRICS[rec["kind"]]]
+    return not rec.get("nonfinite") and all(v is not None and math.isfinite(v) for v in values)
 
 
 def load_records(paths: Sequence[str | os.PathLike]) -> list[dict]:
@@ -148,7 +176,7 @@ class Cell:
     kind: str  # "perplexity" | "multiple_choice" | "lambada"
     metric: str
     bits: int
-    value: float
+    value: float | None  # None: computed from NaN/Inf losses
     n: int
     delta: float | None = None
     low: float | None = None
@@ -157,8 +185,8 @@ class Cell:
     checkpoint: str = field(default="", repr=False)
 
 
-def metric_value(rec: dict, metric: str) -> float:
-    return float(rec["metrics"][metric])
+def metric_value(rec: dict, metric: str) -> float | None:
+    return float(rec["metrics"][metric]) if is_finite(rec) else None
 
 
 def _n(rec: dict) -> int:
@@ -229,7 +257,7 @@ def degradation_rows(records: Sequence[dict], metrics: Sequence[str] | None = No
             for metric in _selected_metrics(rec, metrics):
                 cell = Cell(scheme, model_label(rec), rec.get("arch"), task_label(rec), rec["kind"], metric,
                             rec["bits"], metric_value(rec, metric), _n(rec), checkpoint=rec["checkpoint"])
-                if ref is not None:
+                if ref is not None and is_finite(ref) and is_finite(rec):
                     for k, v in paired_delta(ref, rec, metric, n_boot, seed).items():
                         setattr(cell, k, v)
                 cells.append(cell)
@@ -263,6 +291,8 @@ def comparison_rows(records: Sequence[dict], metrics: Sequence[str] | None = Non
     groups: dict[tuple, dict[str, list[dict]]] = {}
     for rec in records:
         if rec["bits"] == BASELINE_BITS or rec.get("arch") not in ARCH_NAMES or baseline_key(rec) not in base:
+            continue
+        if not (is_finite(rec) and is_finite(base[baseline_key(rec)])):
             continue
         where = (scheme_of(rec), rec["task"], rec.get("limit"), rec.get("seed"), rec["bits"])
         groups.setdefault(where, {}).setdefault(rec["arch"], []).append(rec)
@@ -352,7 +382,10 @@ def format_delta(value: float, metric: str) -> str:
 
 
 def format_cell(cell: Cell) -> str:
-    """``62.50`` at 16 bits; ``61.25 (-1.25 [-4.00, +1.50], p=0.63)`` for a quantized accuracy."""
+    """``62.50`` at 16 bits; ``61.25 (-1.25 [-4.00, +1.50], p=0.63)`` for a quantized accuracy; ``NaN/Inf``
+    for a value computed from non-finite losses."""
+    if cell.value is None:
+        return NONFINITE_MARK
     text = format_value(cell.value, cell.metric)
     if cell.delta is None:
         return text
@@ -418,6 +451,10 @@ def render_report(records: Sequence[dict], fmt: str = "markdown", metrics: Seque
     """The degradation tables (one per scheme) and the Diff-vs-Transformer section, in ``fmt``."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; choose one of markdown, csv, latex")
+    bad = sum(not is_finite(r) for r in records)
+    if bad:
+        log.warning("%d of %d records hold NaN/Inf losses: shown as %s, without deltas or comparisons", bad,
+                    len(records), NONFINITE_MARK)
     cells = degradation_rows(records, metrics, n_boot, seed)
     comparisons = comparison_rows(records, metrics, n_boot, seed)
     if fmt == "csv":
@@ -434,9 +471,10 @@ def render_report(records: Sequence[dict], fmt: str = "markdown", metrics: Seque
 
 
 def csv_rows(cells: Sequence[Cell], comparisons: Sequence[Comparison]) -> list[list]:
-    """Tidy rows (raw values, accuracies as fractions) under :data:`CSV_HEADER`."""
-    rows = [["degradation", c.scheme, c.model, c.arch, c.task, c.metric, c.bits, c.value, c.delta, c.low, c.high,
-             c.p, c.n] for c in cells]
+    """Tidy rows (raw values, accuracies as fractions; ``nan`` for values from NaN/Inf losses) under
+    :data:`CSV_HEADER`."""
+    rows = [["degradation", c.scheme, c.model, c.arch, c.task, c.metric, c.bits,
+             math.nan if c.value is None else c.value, c.delta, c.low, c.high, c.p, c.n] for c in cells]
     rows += [["diff_vs_transformer", r.scheme, f"{r.diff} vs {r.transformer}", "diff-transformer", r.task, r.metric,
               r.bits, None, r.advantage, r.low, r.high, None, r.n] for r in comparisons]
     return rows
@@ -458,9 +496,11 @@ def plot_degradation(records: Sequence[dict], path: str | os.PathLike, metrics: 
     from .io import atomic_path
     from .plots import STYLE
 
-    cells = degradation_rows(records, metrics, n_boot, seed)
+    cells = [c for c in degradation_rows(records, metrics, n_boot, seed) if c.value is not None]
     if metrics is None:
         cells = [c for c in cells if c.metric == PRIMARY_METRIC[c.kind]]
+    if not cells:
+        raise ValueError("nothing to plot: no record holds finite results")
     panels = list(dict.fromkeys((c.scheme, c.task, c.metric) for c in cells))
     ncols = min(3, len(panels))
     nrows = math.ceil(len(panels) / ncols)

@@ -38,10 +38,12 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .checkpoint import load_checkpoint
+from .checkpoint import load_checkpoint, read_model_config
 from .data import SOURCES, data_fingerprint, documents, encode_documents
-from .evaluate import evaluate_task, model_max_len, rolling_requests, score_requests, text_perplexity
+from .evaluate import evaluate_task, finite_metrics, model_max_len, rolling_requests, score_requests, text_perplexity
+from .io import locked_append
 from .quant import ActQuant, QuantConfig, WeightQuant, quantize_model
+from .quant.packed import QUANT_FILE
 from .report import BASELINE_BITS, read_records, record_key
 from .tasks import TASKS, canonical_task, load_task, subset_ids
 from .tokenizer import default_tokenizer_path, tokenizer_for
@@ -288,7 +290,8 @@ def _repair_tail(path: Path) -> None:
 
 
 def _append(fh, record: dict) -> None:
-    fh.write(json.dumps(record) + "\n")  # one call per line: a crash leaves whole lines or one cut-off tail
+    # one call per line: a crash leaves whole lines or one cut-off tail; records are standard JSON (no NaN)
+    fh.write(json.dumps(record, allow_nan=False) + "\n")
     fh.flush()
     os.fsync(fh.fileno())
 
@@ -307,41 +310,62 @@ def run_sweep(checkpoints: Sequence[str | os.PathLike], out: str | os.PathLike, 
               granularity: str | None = None, group_size: int | None = None, limit: int | None = None,
               seed: int = 0, batch_size: int = 8, calib_tokens: int | None = None, calib_data: str = "train",
               attn_impl: str = "eager", device: str = "cpu", progress: bool = True) -> dict:
-    """Score every checkpoint × bits × task not yet in ``out``; returns ``{"out", "written", "skipped"}``.
+    """Score every checkpoint × bits × task not yet in ``out``; returns ``{"out", "written", "nonfinite",
+    "skipped"}``.
 
-    Everything is checked before the first model is loaded (targets, bits, tasks and their data, limit,
-    checkpoints exist, ``out`` holds no records of a different checkpoint at the same path).
+    Everything is checked before the first model is loaded (:func:`check_sweep`). One sweep writes ``out`` at a
+    time (a lock); the cells already in it are read under the lock and skipped. NaN/Inf losses are recorded as
+    null metrics with a ``nonfinite`` count.
     """
     scheme = make_scheme(target, granularity, group_size, calib_tokens)
     bits = check_bits(scheme, bits)
+    resolved = list({t.name: t for t in map(resolve_task, tasks)}.values())
+    checkpoints = list(dict.fromkeys(os.path.normpath(str(c)) for c in checkpoints))
+    check_sweep(scheme, checkpoints, resolved, limit, batch_size, attn_impl, calib_data)
+    data = {t.name: _task_data(t, limit, seed) for t in resolved}
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    total = len(checkpoints) * len(bits) * len(resolved)
+    settings = {"limit": limit, "seed": seed, "attn_impl": attn_impl, "batch_size": batch_size, "device": device}
+    counts = {"written": 0, "nonfinite": 0}
+    with locked_append(out) as fh, tqdm(total=total, desc="sweep", disable=not progress) as bar:
+        _repair_tail(out)
+        existing = read_records(out, missing_ok=True)  # read under the lock: no cell is computed twice
+        todo = [_plan(ckpt, existing, scheme, bits, resolved, limit, seed, attn_impl) for ckpt in checkpoints]
+        bar.update(total - sum(len(c.cells) for c in todo))
+        for ckpt in todo:
+            if ckpt.cells:
+                _sweep_checkpoint(ckpt, scheme, data, settings, calib_data, fh, bar, progress, counts)
+    log.info("%s: %d records written, %d already there", out, counts["written"], total - counts["written"])
+    return {"out": str(out), **counts, "skipped": total - counts["written"]}
+
+
+def check_sweep(scheme: Scheme, checkpoints: list[str], tasks: list[Task], limit: int | None, batch_size: int,
+                attn_impl: str, calib_data: str) -> None:
+    """The settings, tasks, checkpoints (exist, float, admit the group size) and calibration data; the task
+    data and the records file (no records of a different checkpoint at the same path) are checked next."""
     if limit is not None:
         _positive("limit", limit)
     _positive("batch_size", batch_size)
     if attn_impl not in ATTN_IMPLS:
         raise ValueError(f"unknown attn_impl {attn_impl!r}; choose one of {', '.join(ATTN_IMPLS)}")
-    resolved = list({t.name: t for t in map(resolve_task, tasks)}.values())
-    if not resolved:
+    if not tasks:
         raise ValueError("no tasks given")
-    checkpoints = list(dict.fromkeys(os.path.normpath(str(c)) for c in checkpoints))
     for ckpt in checkpoints:
-        if not Path(ckpt).exists():
-            raise FileNotFoundError(f"checkpoint {ckpt} does not exist")
-    data = {t.name: _task_data(t, limit, seed) for t in resolved}
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    existing = read_records(out, missing_ok=True)
-    todo = [_plan(ckpt, existing, scheme, bits, resolved, limit, seed, attn_impl) for ckpt in checkpoints]
-    total = len(checkpoints) * len(bits) * len(resolved)
-    settings = {"limit": limit, "seed": seed, "attn_impl": attn_impl, "batch_size": batch_size, "device": device}
-    _repair_tail(out)
-    written = 0
-    with out.open("a", encoding="utf-8") as fh, tqdm(total=total, desc="sweep", disable=not progress) as bar:
-        bar.update(total - sum(len(c.cells) for c in todo))
-        for ckpt in todo:
-            if ckpt.cells:
-                written += _sweep_checkpoint(ckpt, scheme, data, settings, calib_data, fh, bar, progress)
-    log.info("%s: %d records written, %d already there", out, written, total - written)
-    return {"out": str(out), "written": written, "skipped": total - written}
+        check_checkpoint(ckpt, scheme)
+    if scheme.target == "weights-gptq" and calib_data != "train":  # the train split ships with the package
+        documents(calib_data)  # exists and is readable
+
+
+def check_checkpoint(path: str, scheme: Scheme) -> None:
+    """A float checkpoint whose config admits the scheme, read without loading a model."""
+    if (Path(path) / QUANT_FILE).is_file():
+        raise ValueError(f"{path} is already quantized; sweep its float checkpoint")
+    cfg = read_model_config(path)
+    if scheme.group_size is not None:
+        widths = sorted({cfg.d_model, cfg.q_dim, cfg.dim_ffn})
+        if any(w % scheme.group_size for w in widths):
+            raise ValueError(f"--group-size {scheme.group_size} does not divide the input widths {widths} of {path}")
 
 
 def _plan(path: str, existing: list[dict], scheme: Scheme, bits: list[int], tasks: list[Task], limit, seed,
@@ -364,7 +388,7 @@ def _key_fields(path: str, scheme: Scheme, bits: int, task: Task, limit, seed, a
 
 
 def _sweep_checkpoint(ckpt: _Checkpoint, scheme: Scheme, data: dict, settings: dict, calib_data: str, fh, bar,
-                      progress: bool) -> int:
+                      progress: bool, counts: dict) -> None:
     model = load_checkpoint(ckpt.path, device=settings["device"], attn_impl=settings["attn_impl"])
     tokenizer = tokenizer_for(ckpt.path)
     about = {"checkpoint_sha256": ckpt.sha256, "label": model_label(ckpt.path), "arch": model.config.arch,
@@ -373,7 +397,6 @@ def _sweep_checkpoint(ckpt: _Checkpoint, scheme: Scheme, data: dict, settings: d
              "tokenizer_sha256": hashlib.sha256(Path(tokenizer.path).read_bytes()).hexdigest() if tokenizer.path
              else None}
     calib = None
-    written = 0
     for bits in dict.fromkeys(b for b, _ in ckpt.cells):
         config = scheme.config(bits)
         start = time.perf_counter()
@@ -391,17 +414,17 @@ def _sweep_checkpoint(ckpt: _Checkpoint, scheme: Scheme, data: dict, settings: d
             record = _score(qmodel, tokenizer, task, data[task.name], ckpt, scheme, bits, config, settings,
                             calib_data, progress)
             _append(fh, {**record, **about, "quantize_s": quantize_s})
-            written += 1
+            counts["written"] += 1
+            counts["nonfinite"] += "nonfinite" in record
             bar.update(1)
         del qmodel
-    return written
 
 
 def _score(model, tokenizer, task: Task, data, ckpt: _Checkpoint, scheme: Scheme, bits: int,
            config: QuantConfig, settings: dict, calib_data: str, progress: bool) -> dict:
     start = time.perf_counter()
-    metrics = evaluate_cell(model, tokenizer, task, data, settings["limit"], settings["seed"],
-                            settings["batch_size"], progress)
+    metrics, nonfinite = finite_metrics(evaluate_cell(model, tokenizer, task, data, settings["limit"],
+                                                      settings["seed"], settings["batch_size"], progress))
     wall = time.perf_counter() - start
     key = _key_fields(ckpt.path, scheme, bits, task, settings["limit"], settings["seed"], settings["attn_impl"])
     record = {"schema": SCHEMA, **key, "kind": task.kind, "quant": config.to_dict(),
@@ -411,4 +434,8 @@ def _score(model, tokenizer, task: Task, data, ckpt: _Checkpoint, scheme: Scheme
               "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     if task.kind == "perplexity":
         record["data_sha256"] = data_fingerprint(data)
+    if nonfinite:
+        record["nonfinite"] = nonfinite
+        log.warning("%s at %d bits on %s: %d of %d items or windows have NaN/Inf losses; metrics recorded as null",
+                    ckpt.path, bits, task.name, nonfinite["units"], nonfinite["of"])
     return record

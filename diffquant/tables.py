@@ -28,17 +28,20 @@ def table5_row(site: dict, per_sequence: bool = False) -> list[float | None]:
 
 def outlier_table(records: dict[str, dict], fmt: str = "markdown", sites=None, per_sequence: bool = False,
                   paper: bool = False) -> str:
-    """One row per (model, site); with ``paper`` the paper's row for the same arch and site follows."""
+    """One row per (model, site); with ``paper`` the paper's row for the same arch and site follows.
+    NaN and Inf columns (entries left out of every statistic) appear when any site has such entries."""
+    chosen = [(label, rec, kind, site) for label, rec in records.items() for kind, site in rec["sites"].items()
+              if not sites or kind in sites]
+    counts = any(site.get("nan") or site.get("inf") for *_, site in chosen)
+    extra = ["NaN", "Inf"] if counts else []
     rows = []
-    for label, rec in records.items():
-        for kind, site in rec["sites"].items():
-            if sites and kind not in sites:
-                continue
-            rows.append([label, SITE_NAMES.get(kind, kind), *table5_row(site, per_sequence)])
-            arch = rec.get("model", {}).get("arch")
-            if paper and (arch, kind) in PAPER_TABLE5:
-                rows.append([f"paper 3B {arch}", SITE_NAMES[kind], *PAPER_TABLE5[(arch, kind)]])
-    return render(["model", "site", *HEADER], rows, fmt)
+    for label, rec, kind, site in chosen:
+        found = [site.get("nan", 0), site.get("inf", 0)] if counts else []
+        rows.append([label, SITE_NAMES.get(kind, kind), *table5_row(site, per_sequence), *found])
+        arch = rec.get("model", {}).get("arch")
+        if paper and (arch, kind) in PAPER_TABLE5:
+            rows.append([f"paper 3B {arch}", SITE_NAMES[kind], *PAPER_TABLE5[(arch, kind)], *[None] * len(extra)])
+    return render(["model", "site", *HEADER, *extra], rows, fmt)
 
 
 def ratio_table(base: dict, other: dict, base_label: str = "Transformer", other_label: str = "Diff",

@@ -21,6 +21,8 @@ from collections.abc import Iterable, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from .errors import UserError, first_line
+
 log = logging.getLogger(__name__)
 
 SPECIAL_TOKEN = "<|endoftext|>"
@@ -45,11 +47,14 @@ class Tokenizer:
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"tokenizer not found: {path}")
-        if path.suffix == ".json" or path.read_bytes()[:1] == b"{":
-            return cls.from_hf(_hf().Tokenizer.from_file(str(path)), str(path))
-        import sentencepiece as spm
+        try:
+            if path.suffix == ".json" or path.read_bytes()[:1] == b"{":
+                return cls.from_hf(_hf().Tokenizer.from_file(str(path)), str(path))
+            import sentencepiece as spm
 
-        sp = spm.SentencePieceProcessor(model_file=str(path))
+            sp = spm.SentencePieceProcessor(model_file=str(path))
+        except Exception as exc:  # tokenizers and sentencepiece raise bare Exception / RuntimeError / OSError
+            raise UserError(f"tokenizer {path} is corrupt or not a tokenizer ({first_line(exc)})") from None
         return cls(sp, "sentencepiece", _nonneg(sp.bos_id()), _nonneg(sp.eos_id()), str(path))
 
     @classmethod

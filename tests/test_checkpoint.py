@@ -68,7 +68,7 @@ def test_failed_save_leaves_no_trace(tmp_path, tiny, monkeypatch):
     def broken(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(ck, "save_file", broken)
+    monkeypatch.setattr(ck, "write_safetensors", broken)
     with pytest.raises(OSError):
         save_checkpoint(build_model(tiny), tmp_path / "x")
     assert list(tmp_path.iterdir()) == []

@@ -244,7 +244,7 @@ def test_bad_records_files_are_one_line_errors(tmp_path, capsys, content, messag
 @pytest.mark.parametrize("argv, message", [
     (["--format", "html"], "unknown format 'html'"),
     (["--metric", "bleu"], "unknown metric bleu"),
-    (["--n-boot", "0"], "bootstrap resamples must be positive"),
+    (["--n-boot", "0"], "--n-boot: must be an integer in 1..100000"),
 ])
 def test_bad_options_are_one_line_errors(capsys, argv, message):
     assert main(["report", str(FIXTURE), *argv]) == 2

@@ -152,7 +152,7 @@ def test_interrupted_and_resumed_equals_uninterrupted(setup, full, tmp_path, mon
     with out.open("a") as fh:
         fh.write('{"checkpoint": "cut off in the mid')  # what a kill during a write leaves
     monkeypatch.setattr(sweep, "evaluate_cell", real)
-    assert _sweep(setup, out, **grid) == {"out": str(out), "written": 5, "skipped": 3}
+    assert _sweep(setup, out, **grid) == {"out": str(out), "written": 5, "nonfinite": 0, "skipped": 3}
     resumed = _untimed(read_records(out))
     expected = [r for r in _untimed(full[1]) if r["bits"] in (16, 4) and r["kind"] != "lambada"]
     assert len(resumed) == 8 and sorted(resumed, key=repr) == sorted(expected, key=repr)
@@ -232,9 +232,9 @@ def test_cli_sweep_prints_the_table_and_a_summary(setup, tmp_path, capsys):
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert "### attn_logits/tensor: value" in printed and "attn_logits/tensor: Diff vs Transformer" in printed
-    assert json.loads(printed.strip().splitlines()[-1]) == {"out": str(out), "written": 4, "skipped": 0}
+    assert json.loads(printed.strip().splitlines()[-1]) == {"out": str(out), "written": 4, "nonfinite": 0, "skipped": 0}
     assert main([*argv, "--no-table"]) == 0
-    assert json.loads(capsys.readouterr().out) == {"out": str(out), "written": 0, "skipped": 4}
+    assert json.loads(capsys.readouterr().out) == {"out": str(out), "written": 0, "nonfinite": 0, "skipped": 4}
 
 
 @pytest.mark.parametrize("change, message", [
@@ -245,7 +245,7 @@ def test_cli_sweep_prints_the_table_and_a_summary(setup, tmp_path, capsys):
     ({"--group-size": "16"}, "--group-size applies to weight targets only"),
     ({"--target": "hidden", "--granularity": "head"}, "granularity 'head' applies to attention probes only"),
     ({"--granularity": "block"}, "unknown activation granularity 'block'"),
-    ({"--limit": "0"}, "limit must be a positive integer"),
+    ({"--limit": "0"}, "--limit: must be an integer in 1.."),
     ({"checkpoint": "missing"}, "does not exist"),
 ])
 def test_cli_bad_input_is_one_line_and_exit_2(setup, tmp_path, capsys, change, message):

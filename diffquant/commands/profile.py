@@ -13,6 +13,7 @@ from ..io import atomic_write_text
 from ..profile import DEFAULT_SITES, PROTOCOLS, profile, token_batches
 from ..tables import FORMATS, outlier_table, ratio_table
 from ..tokenizer import Tokenizer, tokenizer_for
+from . import nonfinite_exit
 
 PAPER_TOKENS = 409_600  # the paper's 0.4M tokens
 
@@ -90,5 +91,11 @@ def run(args) -> int:
             for rec in records:
                 series.setdefault(rec["model"].get("arch", "model"), []).append(rec)
             plot_over_training(series, args.training_plot)
-    return 0
+    sites = [site for rec in records for site in rec["sites"].values()]
+    return nonfinite_exit(sum(_all_nonfinite(site) for site in sites), len(sites))
+
+
+def _all_nonfinite(site: dict) -> bool:
+    """Every entry of the site was NaN or Inf: its statistics are empty."""
+    return not site.get("count") and bool(site.get("nan") or site.get("inf"))
 

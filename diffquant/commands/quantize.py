@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -48,8 +47,9 @@ def run(args: argparse.Namespace) -> int:
     from ..quant import ActQuant, QuantConfig, WeightQuant, quantize_, save_quantized
     from ..quant.packed import fp16_file_bytes
 
-    source, out = Path(args.checkpoint), Path(args.out)
-    _refuse_source_as_output(source, out)
+    source, out = Path(args.checkpoint), Path(args.out)  # the CLI refused an --out over, in or around the source
+    if not source.exists():
+        raise UserError(f"checkpoint {source} does not exist")
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not args.overwrite:
         raise UserError(f"{out} exists and is not empty; pass --overwrite to replace it")
     config = QuantConfig(
@@ -73,19 +73,9 @@ def run(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - start
     extra = _tokenizer_files(source, tokenizer)
     save_quantized(model.eval(), out, overwrite=args.overwrite, dtype=getattr(torch, args.dtype), extra_files=extra,
-                   metadata={"source": str(source), "command": "diffquant " + " ".join(sys.argv[1:])})
+                   metadata={"source": str(source), "command": "diffquant " + " ".join(args.argv)})
     print(json.dumps(_summary(source, out, config, fp16_bytes, calib_info, seconds), indent=2))
     return 0
-
-
-def _refuse_source_as_output(source: Path, out: Path) -> None:
-    if not source.exists():
-        raise FileNotFoundError(f"checkpoint {source} does not exist")
-    src, dst = source.resolve(), out.resolve()
-    if src == dst or src in dst.parents or (source.is_dir() and dst in src.parents):
-        raise UserError(f"--out {out} would overwrite or nest with the source checkpoint {source}")
-    if source.is_file() and dst == src.parent:
-        raise UserError(f"--out {out} is the folder holding the source checkpoint; choose a new folder")
 
 
 def _calibration(args, model):

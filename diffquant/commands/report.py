@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from ..errors import UserError
+from . import nonfinite_exit
+
 REPORT_FORMATS = ("markdown", "csv", "latex")
 
 
@@ -23,10 +26,10 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..io import atomic_write_text
-    from ..report import load_records, plot_degradation, render_report
+    from ..report import is_finite, load_records, plot_degradation, render_report
 
     if args.format not in REPORT_FORMATS:
-        raise ValueError(f"unknown format {args.format!r}; choose one of {', '.join(REPORT_FORMATS)}")
+        raise UserError(f"unknown format {args.format!r}; choose one of {', '.join(REPORT_FORMATS)}")
     metrics = [m.strip() for m in args.metric.split(",") if m.strip()] if args.metric else None
     records = load_records(args.records)
     text = render_report(records, args.format, metrics, n_boot=args.n_boot, seed=args.seed)
@@ -35,4 +38,4 @@ def run(args: argparse.Namespace) -> int:
         atomic_write_text(args.output, text + "\n")
     if args.plot:
         plot_degradation(records, args.plot, metrics, n_boot=args.n_boot, seed=args.seed)
-    return 0
+    return nonfinite_exit(sum(not is_finite(r) for r in records), len(records))

@@ -6,6 +6,7 @@ import argparse
 import json
 
 from ..sweep import ATTN_IMPLS, DEFAULT_CALIB_TOKENS, PERPLEXITY_TASKS, TARGETS
+from . import nonfinite_exit
 
 
 def register(sub) -> None:
@@ -54,4 +55,4 @@ def run(args: argparse.Namespace) -> int:
         print(render_report(load_records([args.out])))
         print()
     print(json.dumps(summary))
-    return 0
+    return nonfinite_exit(summary["nonfinite"], summary["written"])

@@ -21,12 +21,11 @@ Activation granularities (scales are always per sequence at least, so results ne
 from __future__ import annotations
 
 import dataclasses
-import json
+import math
 import numbers
 from dataclasses import dataclass
-from pathlib import Path
 
-from ..io import dump_json
+from ..io import JsonConfig
 
 __all__ = ["ACT_GRANULARITIES", "PROBE_TARGETS", "WEIGHT_METHODS", "ActQuant", "QuantConfig", "WeightQuant"]
 
@@ -98,6 +97,12 @@ class WeightQuant:
             raise ValueError(f"damp must lie in (0, 1), got {self.damp!r}")
         if not _is_int(self.block_size) or self.block_size < 1:
             raise ValueError(f"block_size must be a positive integer, got {self.block_size!r}")
+        for name in ("symmetric", "act_order", "embeddings"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if isinstance(self.threshold, bool) or not isinstance(self.threshold, numbers.Real) \
+                or not 0 <= self.threshold < math.inf:
+            raise ValueError(f"threshold must be a finite non-negative number, got {self.threshold!r}")
 
     def _check_bnb(self) -> None:
         bits = BNB_BITS[self.method]
@@ -154,7 +159,7 @@ class ActQuant:
 
 
 @dataclass(frozen=True)
-class QuantConfig:
+class QuantConfig(JsonConfig):
     """Weights + dynamic quantizers at probes (logits, probs, qk, hidden) + Linear inputs (activations)."""
 
     weights: WeightQuant | None = None
@@ -182,9 +187,6 @@ class QuantConfig:
         return {f.name: (None if getattr(self, f.name) is None else getattr(self, f.name).to_dict())
                 for f in dataclasses.fields(self)}
 
-    def to_json(self, path: str | Path | None = None) -> str:
-        return dump_json(self.to_dict(), path)
-
     @classmethod
     def from_dict(cls, data: dict) -> "QuantConfig":
         if not isinstance(data, dict):
@@ -198,17 +200,6 @@ class QuantConfig:
             part = WeightQuant if name == "weights" else ActQuant
             parts[name] = None if value is None else part.from_dict(value)
         return cls(**parts)
-
-    @classmethod
-    def from_json(cls, text_or_path: str | Path) -> "QuantConfig":
-        text = str(text_or_path)
-        if not text.lstrip().startswith("{"):
-            text = Path(text_or_path).read_text()
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"quant config is not valid JSON: {exc}") from None
-        return cls.from_dict(data)
 
     def probe_targets(self) -> dict[str, ActQuant]:
         """Probe kind -> its (non-no-op) quantizer."""

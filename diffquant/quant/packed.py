@@ -17,15 +17,18 @@ state dict, checking every key, so outputs equal the in-memory quantized model's
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import math
 import shutil
 from pathlib import Path
 
 import torch
-from safetensors.torch import save, save_file
+from safetensors.torch import save
 from torch import nn
 
+from diffquant.io import write_safetensors
 from diffquant.quant.act import InputQuantLinear, QuantProbe
 from diffquant.quant.api import iter_quantized, tie_packed
 from diffquant.quant.config import ActQuant, QuantConfig
@@ -39,6 +42,7 @@ QUANT_FILE = "quant.json"
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 FORMAT, VERSION = "diffquant-packed", 1
+SCHEME_DIGEST = "diffquant_scheme_sha256"  # safetensors metadata: ties the codes to quant.json's description
 NOTES = {
     "codes": "qweight holds unsigned codes: code = stored + qmin, qmin = -(2**(bits-1)-1) if symmetric else 0",
     "uint4x2": "codes of <= 4 bits, two per byte: low nibble = even input column, high nibble = odd column",
@@ -87,14 +91,33 @@ def save_quantized(model: nn.Module, path: str | Path, overwrite: bool = False, 
         "modules": modules,
         "shared": shared, "notes": NOTES,
     }
+    metadata = {"format": "pt", "diffquant": FORMAT, **(metadata or {}), SCHEME_DIGEST: scheme_digest(info)}
     with atomic_dir(path) as tmp:
-        save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt", "diffquant": FORMAT, **(metadata or {})})
+        write_safetensors(tensors, tmp / WEIGHTS_FILE, metadata=metadata)
         (tmp / CONFIG_FILE).write_text(config_json() + "\n")
         (tmp / QUANT_FILE).write_text(json.dumps(info, indent=2) + "\n")
         for name, source in (extra_files or {}).items():
             shutil.copyfile(source, tmp / name)
     log.info("saved packed checkpoint %s (%d tensors, %d quantized modules)", path, len(tensors), len(info["modules"]))
     return path
+
+
+def scheme_digest(info: dict) -> str:
+    """sha256 of what decides how the stored codes are read (schemes, shared names, quant config)."""
+    described = {k: info.get(k) for k in ("modules", "shared", "quant_config")}
+    return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()
+
+
+def _check_digest(path: Path, info: dict) -> None:
+    """quant.json must still describe the codes it was written with (an edited bit width would misread them)."""
+    from diffquant.checkpoint import read_metadata
+
+    stored = read_metadata(path).get(SCHEME_DIGEST)
+    if stored is None:
+        log.warning("%s: written before scheme digests; quant.json cannot be checked against the codes", path)
+    elif stored != scheme_digest(info):
+        raise _checkpoint_error(f"{path / QUANT_FILE} was changed after the weights were written: its schemes no "
+                                "longer describe the stored codes")
 
 
 def fp16_file_bytes(model: nn.Module) -> int:
@@ -158,10 +181,14 @@ def load_quantized(path: str | Path, device: str | torch.device = "cpu", dtype: 
 
     path = Path(path)
     info = read_quant_info(path)
-    model = build_model(read_config(path))
-    from diffquant.checkpoint import _read_tensors  # lazy, see _checkpoint_error; same checks as float checkpoints
+    cfg = read_config(path)
+    from diffquant.checkpoint import _read_tensors, check_capacity, expected_shapes  # lazy, see _checkpoint_error
+
+    check_capacity(path, sum(math.prod(s) for s in expected_shapes(cfg).values()), [path / WEIGHTS_FILE])
+    model = build_model(cfg)
 
     restore_quantized_(model, info, _read_tensors(path / WEIGHTS_FILE), where=str(path))
+    _check_digest(path, info)
     if attn_impl is not None and attn_impl != "eager" and _has_attention_quantizers(model):
         raise _checkpoint_error(f"{path} quantizes attention tensors, which exist only with attn_impl='eager'")
     if attn_impl is not None:

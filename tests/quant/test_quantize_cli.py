@@ -64,7 +64,7 @@ def test_never_overwrites_the_source_or_a_full_folder(ckpt, tmp_path, capsys):
     rtn = ["--weights", "rtn", "--bits", "8"]
     for out in (ckpt, ckpt / "inside"):
         code, _, err = run_cli(["quantize", str(ckpt), "--out", str(out), "--overwrite", *rtn], capsys)
-        assert code == 2 and "source checkpoint" in err
+        assert code == 2 and "the input checkpoint" in err
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "keep").write_text("x")
     code, _, err = run_cli(["quantize", str(ckpt), "--out", str(tmp_path / "full"), *rtn], capsys)
