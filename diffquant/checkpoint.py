@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import shutil
 import struct
 from dataclasses import dataclass
 from pathlib import Path

@@ -1,5 +1,6 @@
 """The teacher corpus: exact ancestral sampling, byte-identical shards, resume, corpus reading, bad input."""
 
+import json
 import math
 
 import numpy as np
@@ -149,3 +150,18 @@ def test_bad_input_is_one_line(tmp_path, capsys):
     save_checkpoint(build_model(ModelConfig.preset("tiny")), tmp_path / "ckpt")  # no tokenizer of its own
     assert main(["sample", str(tmp_path / "ckpt"), "--tokens", "100", "--out", str(tmp_path / "o2")]) == 2
     assert "the model only 128" in capsys.readouterr().err
+
+
+def test_training_on_a_corpus_ships_its_tokenizer(tmp_path):
+    from diffquant.tokenizer import tokenizer_for
+
+    sample_corpus(stories260k_path(), tmp_path / "c", tokens=3000, batch_size=8, max_len=64, shard_tokens=3000,
+                  progress=False)
+    assert main(["train", "--arch", "diff", "--preset", "xs", "--data", str(tmp_path / "c"), "--tokens", "256",
+                 "--batch-size", "2", "--seq-len", "64", "--eval-tokens", "512", "--track-every", "1",
+                 "--out", str(tmp_path / "run")]) == 0
+    log = json.loads((tmp_path / "run" / "train_log.json").read_text())
+    assert log["data"]["validation"] == "tinystories-cased" and len(log["data"]["corpus_shards_sha256"]) == 1
+    tok = tokenizer_for(tmp_path / "run" / "final")
+    assert tok.kind == "sentencepiece" and tok.vocab_size == 512
+    assert (tmp_path / "run" / "state" / "model" / "tokenizer.model").is_file()
