@@ -21,8 +21,8 @@ DEFAULT_UPPER = 2**31 - 1
 UPPER = {"n_boot": 100_000, "batch_size": 4096, "topk": 1_000_000, "threads": 1024, "seed": 2**32 - 1,
          "seq_len": 1 << 21, "calib_seq_len": 1 << 21, "chunk": 1 << 21,
          "calib_tokens": 1 << 24}  # calibration windows are allocated at once
-INPUT_FLAGS = ("checkpoint", "checkpoints", "source", "records", "pair", "init_from", "tokenizer", "data",
-               "calib_data", "tasks")
+INPUT_FLAGS = ("checkpoint", "checkpoints", "source", "records", "pair", "init_from", "branch_from", "tokenizer",
+               "data", "calib_data", "tasks")
 OUTPUT_FLAGS = ("out", "output", "json", "plot", "training_plot")
 
 

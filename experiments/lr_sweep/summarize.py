@@ -81,7 +81,9 @@ def table(records: list[dict], teacher: dict) -> str:
             rs = sorted((r for r in records if r["lr"] == lr and r["arch"] == arch), key=lambda r: r["seed"])
             if not rs:
                 continue
-            per_seed = lambda key, fmt: " / ".join(format(r[key], fmt) for r in rs)  # noqa: E731
+            def per_seed(key: str, fmt: str, rs=rs) -> str:
+                return " / ".join(format(r[key], fmt) for r in rs)
+
             first = " / ".join(f"L{r['logit_top1_at']['layer']} " + ("yes" if r["logit_top1_at"]["key"] == 0 else "no")
                                for r in rs)
             gap = " / ".join(f"{r['val_loss'] - teacher['val_loss']:+.3f}" for r in rs)
