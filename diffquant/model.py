@@ -216,22 +216,31 @@ def _split_value(attend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scal
     return torch.cat([attend(q, k, v[..., i:i + d], scale, q_offset) for i in range(0, v.shape[-1], d)], dim=-1)
 
 
-def _pad_qk(q: torch.Tensor, k: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """q and k zero-padded to ``width``: q·kᵀ is unchanged, and one fused call serves a wider value (torch's CPU
-    sdpa falls back to a 2-3× slower path for unequal widths; one padded call also beats two split ones)."""
-    pad = width - q.shape[-1]
-    return (q, k) if pad == 0 else (F.pad(q, (0, pad)), F.pad(k, (0, pad)))
+MIN_CPU_WIDTH = 16  # torch's CPU flash kernel runs head widths below 16 ~1.6x slower than 16 (bench_train.py)
+
+
+def _padded(x: torch.Tensor, width: int) -> torch.Tensor:
+    return x if x.shape[-1] >= width else F.pad(x, (0, width - x.shape[-1]))
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, q_offset: int) -> torch.Tensor:
-    """softmax(q kᵀ·scale) v under the causal mask (queries start at position ``q_offset``), grouped-query."""
-    T, S = q.shape[-2], k.shape[-2]
+    """softmax(q kᵀ·scale) v under the causal mask (queries start at position ``q_offset``), grouped-query.
+
+    q and k are zero-padded to the value width (q·kᵀ is unchanged): one fused call then serves Diff's 2d-wide
+    value, which torch's CPU sdpa would otherwise run on a 2-3× slower path. On CPU all three are padded to at
+    least 16, the narrowest width its kernel runs at full speed; the output keeps the value's width.
+    """
+    T, S, dv = q.shape[-2], k.shape[-2], v.shape[-1]
+    width = max(dv, MIN_CPU_WIDTH) if q.device.type == "cpu" else dv
+    q, k, v = _padded(q, width), _padded(k, width), _padded(v, width)
     gqa = q.shape[1] != k.shape[1]
-    q, k = _pad_qk(q, k, v.shape[-1])
     if q_offset == 0 and T == S:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
-    keep = torch.arange(S, device=q.device)[None, :] <= torch.arange(q_offset, q_offset + T, device=q.device)[:, None]
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, scale=scale, enable_gqa=gqa)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
+    else:
+        positions = torch.arange(S, device=q.device)
+        keep = positions[None, :] <= positions[q_offset:q_offset + T, None]  # (T, S)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, scale=scale, enable_gqa=gqa)
+    return out[..., :dv]
 
 
 def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, q_offset: int) -> torch.Tensor:
