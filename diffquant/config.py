@@ -1,8 +1,10 @@
-"""Model configuration: one frozen dataclass shared by the Transformer and the Differential Transformer.
+"""Model configuration: one frozen dataclass shared by every attention design (arch) the study compares.
 
 For ``arch="diff"``, ``n_heads`` counts differential heads: each has two query/key sub-heads of ``head_dim``
 and a value of ``2 * head_dim``, so a Diff model with ``n_heads = H/2`` has exactly the projection shapes of
 a Transformer with ``H`` heads of the same ``head_dim`` (the paper's parameter matching).
+``arch="gated"`` (Qiu et al. 2025) adds a d_model × q_dim gate projection per layer and pays for it with a
+narrower SwiGLU (``gate_ffn_cut``); ``arch="clipped"`` (Bondarenko et al. 2023) has no extra parameters.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from dataclasses import dataclass
 
 from .io import JsonConfig
 
-ARCHS = ("transformer", "diff")
+ARCHS = ("transformer", "diff", "gated", "clipped")
 ATTN_IMPLS = ("eager", "sdpa", "flash")
 # Sanity limits checked before anything is allocated (far above any model this toolkit is meant for).
 SIZE_LIMITS = {"vocab_size": 1 << 21, "d_model": 1 << 16, "n_layers": 1024, "n_heads": 1024, "n_kv_heads": 1024,
@@ -23,6 +25,11 @@ SIZE_LIMITS = {"vocab_size": 1 << 21, "d_model": 1 << 16, "n_layers": 1024, "n_h
 def default_ffn_dim(d_model: int) -> int:
     """SwiGLU hidden size ≈ 8/3·d_model, rounded to the nearest multiple of 64 (LLaMA layout)."""
     return max(64, 64 * round(8 * d_model / 3 / 64))
+
+
+def gate_ffn_cut(cfg: ModelConfig) -> int:
+    """SwiGLU width the gated arm gives up: its gate has d_model·q_dim weights, each FFN unit 3·d_model."""
+    return round(cfg.q_dim / 3)
 
 
 def lambda_init_for_layer(layer: int) -> float:
@@ -103,23 +110,37 @@ class ModelConfig(JsonConfig):
         return self.kv_heads * self.sub_heads_per_head * self.dim_head
 
     def matched(self, arch: str) -> ModelConfig:
-        """The parameter-matched partner: Diff has half the heads of the Transformer, same head_dim."""
+        """The parameter-matched partner of another arch: Diff has half the Transformer's heads at the same
+        head_dim; gated trades its gate's parameters for FFN width (within 1%); clipped changes nothing."""
         if arch not in ARCHS:
             raise ValueError(f"unknown arch {arch!r}; expected one of {', '.join(ARCHS)}")
         if arch == self.arch:
             return self
+        return self._as_transformer()._transformer_to(arch)
+
+    def _as_transformer(self) -> ModelConfig:
+        if self.arch == "diff":
+            return dataclasses.replace(self, arch="transformer", n_heads=self.n_heads * 2,
+                                       n_kv_heads=None if self.n_kv_heads is None else self.n_kv_heads * 2)
+        if self.arch == "gated":
+            ffn = self.dim_ffn + gate_ffn_cut(self)
+            # the default width stays implicit, so transformer -> gated -> transformer is the identity
+            return dataclasses.replace(self, arch="transformer",
+                                       ffn_dim=None if ffn == default_ffn_dim(self.d_model) else ffn)
+        return dataclasses.replace(self, arch="transformer")
+
+    def _transformer_to(self, arch: str) -> ModelConfig:
         if arch == "diff":
             if self.n_heads % 2 or self.kv_heads % 2:
                 raise ValueError(
                     f"a Diff partner needs an even number of heads and kv heads, got {self.n_heads}/{self.kv_heads}"
                 )
-            heads, kv = self.n_heads // 2, self.kv_heads // 2
-        else:
-            heads, kv = self.n_heads * 2, self.kv_heads * 2
-        return dataclasses.replace(
-            self, arch=arch, n_heads=heads, n_kv_heads=None if self.n_kv_heads is None else kv,
-            head_dim=self.head_dim,  # the defaults agree: d_model // (H·s) is the same for both
-        )
+            # head_dim stays: the defaults agree, d_model // (H·s) is the same for both
+            return dataclasses.replace(self, arch=arch, n_heads=self.n_heads // 2,
+                                       n_kv_heads=None if self.n_kv_heads is None else self.kv_heads // 2)
+        if arch == "gated":
+            return dataclasses.replace(self, arch=arch, ffn_dim=self.dim_ffn - gate_ffn_cut(self))
+        return dataclasses.replace(self, arch=arch)
 
     # JSON round trip.
     def to_dict(self) -> dict:

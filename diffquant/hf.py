@@ -80,6 +80,9 @@ def is_hf_folder(path: str | Path) -> bool:
 def hf_config_dict(cfg: ModelConfig, bos_id: int | None = None, eos_id: int | None = None,
                    dtype: torch.dtype = torch.float32) -> dict:
     """The transformers config (as keyword arguments) of the Llama / DiffLlama that computes what ``cfg`` does."""
+    if cfg.arch not in ARCHITECTURES:
+        raise CheckpointError(f"transformers has no architecture that computes the {cfg.arch!r} arm; only "
+                              f"{' and '.join(ARCHITECTURES)} models convert to HF folders")
     model_type, architecture = ARCHITECTURES[cfg.arch]
     if cfg.arch == "diff" and cfg.norm_eps != SUBLN_EPS:
         raise CheckpointError(

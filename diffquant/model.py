@@ -1,6 +1,7 @@
-"""The two models: a LLaMA-style Transformer and the Differential Transformer (arXiv 2410.05258).
+"""The models: a LLaMA-style Transformer, the Differential Transformer (arXiv 2410.05258) and two other
+outlier-suppressing attention designs as further arms of the study.
 
-Both are decoder-only, pre-RMSNorm, SwiGLU, RoPE, no biases. They differ only in the attention:
+All are decoder-only, pre-RMSNorm, SwiGLU, RoPE, no biases. They differ only in the attention:
 
 * Transformer: ``softmax(Q Kᵀ/√d) V`` per head.
 * Diff: each head has two query/key sub-heads (Q1, Q2, K1, K2, each of ``head_dim``) and one value of
@@ -8,6 +9,10 @@ Both are decoder-only, pre-RMSNorm, SwiGLU, RoPE, no biases. They differ only in
   ``1 − λ_init``. Sub-heads are interleaved as in the official code (sub-head 2i = Q1 of head i,
   2i+1 = Q2), which makes q_proj/k_proj/v_proj/out_proj the same shapes as the Transformer's with twice the
   heads.
+* Gated (Qiu et al., arXiv 2505.06708, variant G1): ``softmax(Q Kᵀ/√d) V ⊙ σ(X W_θ)``, an elementwise,
+  head-specific sigmoid gate of the attention input X on each head's output, before the output projection.
+* Clipped (Bondarenko et al., arXiv 2306.12929): ``clip((1 − γ)·softmax(Q Kᵀ/√d) + γ, 0, 1) V``, γ = −12/context,
+  so a head can give exact zeros without extreme logits. Always computed on the eager path.
 
 Attention runs as ``eager`` (materialises the logits; the only path probes can observe), ``sdpa`` or
 ``flash``; all three give the same outputs. Every intermediate that users study passes through a ``Probe``.
@@ -27,6 +32,9 @@ from .probes import Probe
 
 INIT_STD = 0.02
 LAMBDA_STD = 0.1
+# Clipped softmax (Bondarenko et al. 2023): clip((ζ − γ)·softmax + γ, 0, 1) with ζ = 1 and γ = −α / context;
+# α = 12 is their OPT (causal LM) setting (scripts/opt_125m_clipped_softmax.sh: --alpha 12, 512-token blocks).
+CLIP_ALPHA = 12.0
 
 
 def _wide(x: torch.Tensor) -> torch.Tensor:
@@ -105,6 +113,7 @@ class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
         self.is_diff = cfg.arch == "diff"
+        self.is_gated, self.is_clipped = cfg.arch == "gated", cfg.arch == "clipped"
         self.sub = cfg.sub_heads_per_head  # query/key sub-heads per head: 1 or 2
         self.n_heads, self.n_kv, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.dim_head
         self.n_rep = cfg.n_heads // cfg.kv_heads
@@ -123,6 +132,12 @@ class Attention(nn.Module):
                 setattr(self, name, nn.Parameter(torch.zeros(self.head_dim).normal_(0.0, LAMBDA_STD)))
             self.subln = RMSNorm(2 * self.head_dim, eps=1e-5)
             self.diff = Probe("attn_diff")
+        if self.is_gated:  # Qiu et al. 2025, their best variant (G1): elementwise, head-specific, after SDPA
+            self.gate_proj = nn.Linear(cfg.d_model, cfg.q_dim, bias=False)
+            self.gate = Probe("attn_gate")
+        if self.is_clipped:
+            self.clip_gamma = -CLIP_ALPHA / cfg.max_seq_len
+            self.clipped_probs = Probe("attn_clipped")
 
     def lambda_full(self) -> torch.Tensor:
         """λ = exp(λq1·λk1) − exp(λq2·λk2) + λ_init, one scalar for the layer, in float32 (or wider)."""
@@ -146,12 +161,15 @@ class Attention(nn.Module):
         S = k.shape[-2]
         q = q.view(B, self.n_heads, s, T, d)  # (B, H, s, T, d): sub-heads 2i, 2i+1 -> head i, maps 0, 1
         k = k.view(B, self.n_kv, s, S, d)  # (B, K, s, S, d)
-        if self.impl == "eager":
+        if self.impl == "eager" or self.is_clipped:  # no fused kernel computes a clipped softmax
             attn = self._eager(q, _repeat_kv(k, self.n_rep), _repeat_kv(v, self.n_rep), q_offset)
         else:
             attn = self._fused(q, k, v, q_offset)  # (B, H, T, s·d)
         if self.is_diff:
             attn = self.subln(attn) * (1 - self.lambda_init)
+        if self.is_gated:
+            gate = torch.sigmoid(self.gate_proj(x)).view(B, T, self.n_heads, d).transpose(1, 2)  # (B, H, T, d)
+            attn = attn * self.gate(gate)
         attn = attn.transpose(1, 2).reshape(B, T, self.n_heads * s * d)  # (B, T, H·s·d)
         return self.out_proj(attn)
 
@@ -173,6 +191,9 @@ class Attention(nn.Module):
         scores = scores.masked_fill(~keep, float("-inf"))
         probs = F.softmax(_wide(scores), dim=-1).type_as(scores)
         probs = self._probe_maps(self.probs, probs, q_offset)
+        if self.is_clipped:  # masked entries: softmax 0 -> γ < 0 -> clipped to 0
+            stretched = (1 - self.clip_gamma) * probs + self.clip_gamma
+            probs = self._probe_maps(self.clipped_probs, stretched.clamp(0.0, 1.0), q_offset)
         if self.is_diff:
             lam = self.lambda_full().to(probs.dtype)
             attn_map = self.diff(probs[:, :, 0] - lam * probs[:, :, 1], q_offset)  # (B, H, C, S)

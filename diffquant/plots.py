@@ -13,7 +13,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 from .io import atomic_path  # noqa: E402
 from .tables import SITE_NAMES  # noqa: E402
 
-STYLE = {"transformer": "tab:blue", "diff": "tab:red"}
+STYLE = {"transformer": "tab:blue", "diff": "tab:red", "gated": "tab:green", "clipped": "tab:purple"}
 
 
 def _save(fig, path: str | Path) -> Path:

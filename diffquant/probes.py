@@ -19,8 +19,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-KINDS = ("attn_q", "attn_k", "attn_logits", "attn_probs", "attn_diff", "mlp_act", "hidden")
-CAUSAL_KINDS = ("attn_logits", "attn_probs", "attn_diff")
+# Attention maps (query x key, causally masked): logits, softmax probabilities, Diff's λ-combined map, and the
+# clipped arm's probabilities after the clip.
+CAUSAL_KINDS = ("attn_logits", "attn_probs", "attn_diff", "attn_clipped")
+# Every probe inside attention: the maps, rotated queries and keys, and the gated arm's sigmoid gate.
+ATTENTION_KINDS = ("attn_q", "attn_k", *CAUSAL_KINDS, "attn_gate")
+KINDS = (*ATTENTION_KINDS, "mlp_act", "hidden")
 
 
 @dataclass(frozen=True)

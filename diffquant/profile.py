@@ -23,7 +23,7 @@ from torch import nn
 from tqdm import tqdm
 
 from .io import atomic_write_text
-from .probes import Probe, ProbeCall, hooked, probes
+from .probes import ATTENTION_KINDS, CAUSAL_KINDS, Probe, ProbeCall, hooked, probes
 from .stats import SiteStats
 from .tables import TABLE5_RANKS, outlier_table
 
@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 PROTOCOLS = ("global", "per_sequence")
 DEFAULT_SITES = ("attn_logits", "hidden")
-ATTN_SITES = ("attn_q", "attn_k", "attn_logits", "attn_probs", "attn_diff")
+ATTN_SITES = ATTENTION_KINDS
 
 
 def _layer_of(name: str) -> int:
@@ -231,7 +231,7 @@ def _summary(res: dict, calls: list[tuple[int, int]], kind: str, ids, n_location
 def _locate(kind: str, value: float, coords: list[int], layer: int, call: tuple[int, int], ids) -> dict:
     seq_base, q_offset = call
     loc = {"value": value, "layer": layer, "sequence": seq_base + coords[0]}
-    if kind in ("attn_logits", "attn_probs", "attn_diff"):
+    if kind in CAUSAL_KINDS:
         loc["head"] = coords[1]
         if len(coords) == 5:
             loc["map"] = coords[2]  # 0 = Q1K1ᵀ, 1 = Q2K2ᵀ

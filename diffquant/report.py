@@ -50,7 +50,7 @@ BASELINE_FIELDS = ("checkpoint", "task", "limit", "seed", "attn_impl")
 METRICS = {"perplexity": ("perplexity",), "multiple_choice": ("acc", "acc_norm"), "lambada": ("acc", "perplexity")}
 PRIMARY_METRIC = {"perplexity": "perplexity", "multiple_choice": "acc_norm", "lambada": "acc"}
 ACCURACY_KEYS = {"acc": "correct", "acc_norm": "correct_norm"}
-ARCH_NAMES = {"transformer": "Transformer", "diff": "Diff"}
+ARCH_NAMES = {"transformer": "Transformer", "diff": "Diff", "gated": "Gated", "clipped": "Clipped"}
 NONFINITE_MARK = "NaN/Inf"
 CSV_HEADER = ["section", "scheme", "model", "arch", "task", "metric", "bits", "value", "delta", "low", "high",
               "p_mcnemar", "n"]

@@ -564,6 +564,65 @@ class Moments:
         return m
 
 
+# ------------------------------------------------------------------------------------------- kurtosis
+
+
+KURTOSIS_EPS = 1e-6
+
+
+def row_kurtosis(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Kurtosis of each vector along ``dim`` in float64, as Bondarenko et al. (arXiv 2306.12929) measure
+    outliers: E[(x − μ)⁴] / (s⁴ + 1e-6) with s the unbiased standard deviation (their utils.kurtosis)."""
+    x = x.double()
+    mu = x.mean(dim, keepdim=True)
+    s = x.std(dim)
+    return ((x - mu) ** 4).mean(dim) / (s**4 + KURTOSIS_EPS)
+
+
+class Kurtosis:
+    """Mean and max over vectors (e.g. each token's hidden state across channels) of their kurtosis, streamed:
+    float64 sums, so the mean equals the one-shot computation up to float64 rounding. Vectors holding NaN or
+    Inf are skipped (the NaN / Inf counts report them)."""
+
+    def __init__(self, dim: int = -1):
+        self.dim = dim
+        self.count = 0
+        self.sum = 0.0
+        self.max: float | None = None
+
+    def update(self, x: torch.Tensor) -> None:
+        if x.ndim == 0 or x.numel() == 0 or x.shape[self.dim] < 2:
+            return
+        k = row_kurtosis(x, self.dim).reshape(-1)
+        k = k[torch.isfinite(k)]
+        if k.numel():
+            self.count += k.numel()
+            self.sum += float(k.sum())
+            self._take_max(float(k.max()))
+
+    def _take_max(self, m: float | None) -> None:
+        if m is not None:
+            self.max = m if self.max is None else max(self.max, m)
+
+    def merge(self, other: Kurtosis) -> Kurtosis:
+        self.count += other.count
+        self.sum += other.sum
+        self._take_max(other.max)
+        return self
+
+    def result(self) -> dict:
+        return {"mean": self.sum / self.count if self.count else None, "max": self.max, "vectors": self.count}
+
+    def state_dict(self) -> dict:
+        return {"dim": self.dim, "count": self.count, "sum": self.sum, "max": self.max}
+
+    @classmethod
+    def from_state_dict(cls, d: dict) -> Kurtosis:
+        k = cls(d["dim"])
+        k.count, k.sum, k.max = d["count"], d["sum"], d["max"]
+        return k
+
+
 # ---------------------------------------------------------------------------------------- channel max
 
 
@@ -645,6 +704,7 @@ class SiteStats:
         self.hist = Quantiles()
         self.moments = Moments()
         self.channels = None if channel_dim is None else ChannelMax(channel_dim)
+        self.kurtosis = None if channel_dim is None else Kurtosis(channel_dim)
         self.exact_median = exact_median
         self.qs = tuple(sorted(set(quantiles) | {0.5}))
         self._exact: ExactPass | None = None
@@ -657,6 +717,8 @@ class SiteStats:
         self.topk._ingest(p, tag)
         for r in self._parts():
             r._ingest(p)
+        if self.kurtosis is not None:
+            self.kurtosis.update(x.detach())
         self._exact = None  # new data: an earlier exact pass no longer applies
 
     @property
@@ -674,6 +736,8 @@ class SiteStats:
         self.moments.merge(other.moments)
         if self.channels is not None and other.channels is not None:
             self.channels.merge(other.channels)
+        if self.kurtosis is not None and other.kurtosis is not None:
+            self.kurtosis.merge(other.kurtosis)
         self._exact = None
         return self
 
@@ -700,6 +764,8 @@ class SiteStats:
         }
         if self.channels is not None:
             out["channels"] = self.channels.result()
+        if self.kurtosis is not None:
+            out["kurtosis"] = self.kurtosis.result()
         return out
 
     def state_dict(self) -> dict:
@@ -710,6 +776,7 @@ class SiteStats:
             "hist": self.hist.state_dict(),
             "moments": self.moments.state_dict(),
             "channels": None if self.channels is None else self.channels.state_dict(),
+            "kurtosis": None if self.kurtosis is None else self.kurtosis.state_dict(),
         }
 
     @classmethod
@@ -719,4 +786,5 @@ class SiteStats:
         s.hist = Quantiles.from_state_dict(d["hist"])
         s.moments = Moments.from_state_dict(d["moments"])
         s.channels = None if d["channels"] is None else ChannelMax.from_state_dict(d["channels"])
+        s.kurtosis = None if d.get("kurtosis") is None else Kurtosis.from_state_dict(d["kurtosis"])
         return s

@@ -6,7 +6,8 @@ from tabulate import tabulate
 
 TABLE5_RANKS = (1, 2, 3, 10, 100)
 SITE_NAMES = {"attn_logits": "attention logits", "hidden": "hidden states", "mlp_act": "MLP activations",
-              "attn_probs": "attention probs", "attn_q": "queries", "attn_k": "keys", "attn_diff": "diff map"}
+              "attn_probs": "attention probs", "attn_q": "queries", "attn_k": "keys", "attn_diff": "diff map",
+              "attn_clipped": "clipped probs", "attn_gate": "attention gate"}
 FORMATS = {"markdown": "github", "github": "github", "csv": "csv", "latex": "latex", "plain": "plain"}
 
 # The paper's Table 5 (3B models, 0.4M tokens): reference values printed beside our measurements.
@@ -29,14 +30,18 @@ def table5_row(site: dict, per_sequence: bool = False) -> list[float | None]:
 def outlier_table(records: dict[str, dict], fmt: str = "markdown", sites=None, per_sequence: bool = False,
                   paper: bool = False) -> str:
     """One row per (model, site); with ``paper`` the paper's row for the same arch and site follows.
-    NaN and Inf columns (entries left out of every statistic) appear when any site has such entries."""
+    NaN and Inf columns (entries left out of every statistic) appear when any site has such entries; a
+    kurtosis column (mean over tokens, Bondarenko et al.'s outlier metric) when any site has it."""
     chosen = [(label, rec, kind, site) for label, rec in records.items() for kind, site in rec["sites"].items()
               if not sites or kind in sites]
     counts = any(site.get("nan") or site.get("inf") for *_, site in chosen)
-    extra = ["NaN", "Inf"] if counts else []
+    kurtosis = any("kurtosis" in site for *_, site in chosen)
+    extra = ["NaN", "Inf"] * counts + ["Kurtosis"] * kurtosis
     rows = []
     for label, rec, kind, site in chosen:
         found = [site.get("nan", 0), site.get("inf", 0)] if counts else []
+        if kurtosis:
+            found.append(site.get("kurtosis", {}).get("mean"))
         rows.append([label, SITE_NAMES.get(kind, kind), *table5_row(site, per_sequence), *found])
         arch = rec.get("model", {}).get("arch")
         if paper and (arch, kind) in PAPER_TABLE5:

@@ -2,7 +2,7 @@
 
 One eager forward over the same small batch every N steps, through :func:`diffquant.profile.profile` itself,
 so a tracked point equals ``dq.profile`` on that batch. Per layer it keeps top-1, top-10 and the median of
-each site, where the top-1 sits (head, Diff map, query and key position, whether the key is the first token;
+each site (and the mean per-token kurtosis of hidden states), where the top-1 sits (head, Diff map, query and key position, whether the key is the first token;
 position, channel and token for hidden states) and, for Diff, the layer's λ.
 """
 
@@ -21,6 +21,8 @@ def _site_point(stats: dict) -> dict:
     top = stats["top"]
     point = {"top1": top[0] if top else None, "top10": top[TOPK - 1] if len(top) >= TOPK else None,
              "median": stats["median"]}
+    if "kurtosis" in stats:
+        point["kurtosis"] = stats["kurtosis"]["mean"]
     loc = dict(stats["locations"][0]) if stats.get("locations") else {}
     loc.pop("value", None)
     loc.pop("layer", None)

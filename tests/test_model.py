@@ -40,10 +40,17 @@ def ref_attention(p, cfg, x, layer):
     heads = []
     for i in range(H):
         g = i // n_rep
-        if cfg.arch == "transformer":
+        if cfg.arch != "diff":
             q = ref_rope(Q[:, i * d:(i + 1) * d], cfg.rope_theta)
             k = ref_rope(Kx[:, g * d:(g + 1) * d], cfg.rope_theta)
-            heads.append(ref_softmax_causal(q @ k.T / math.sqrt(d)) @ V[:, g * d:(g + 1) * d])
+            a = ref_softmax_causal(q @ k.T / math.sqrt(d))
+            if cfg.arch == "clipped":  # Bondarenko et al.: clip((ζ − γ)·softmax + γ, 0, 1), ζ = 1, γ = −α/T
+                gamma = -12.0 / cfg.max_seq_len
+                a = torch.clamp((1 - gamma) * a + gamma, 0, 1)
+            o = a @ V[:, g * d:(g + 1) * d]
+            if cfg.arch == "gated":  # Qiu et al. G1: Y ⊙ σ(X W_θ), head i's slice of the gate
+                o = o * torch.sigmoid(x @ p[pre + "gate_proj.weight"][i * d:(i + 1) * d].T)
+            heads.append(o)
             continue
         q1, q2 = (ref_rope(Q[:, (2 * i + j) * d:(2 * i + j + 1) * d], cfg.rope_theta) for j in (0, 1))
         k1, k2 = (ref_rope(Kx[:, (2 * g + j) * d:(2 * g + j + 1) * d], cfg.rope_theta) for j in (0, 1))

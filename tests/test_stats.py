@@ -418,3 +418,33 @@ def test_log2_histogram_counts_each_octave(dtype):
     ref = torch.floor(torch.log2(a[a > 0]))
     for e, c in zip(h["exponents"], h["counts"]):
         assert c == int((ref == e).sum())
+
+
+def test_kurtosis_streams_to_the_float64_brute_force():
+    """Bondarenko et al.'s metric: per-token kurtosis across channels, averaged; against a numpy/float64 loop."""
+    import numpy as np
+
+    from diffquant.stats import Kurtosis, SiteStats
+
+    parts = [torch.randn(3, 7, 16) * torch.rand(1, 1, 16) * 5, torch.randn(2, 5, 16)]
+    parts[0][1, 2, 3] = 80.0  # an outlier channel makes one token's kurtosis large
+    streamed = Kurtosis()
+    for p in parts:
+        streamed.update(p)
+    rows = np.concatenate([p.double().reshape(-1, 16).numpy() for p in parts])
+    ref = [((r - r.mean()) ** 4).mean() / (r.std(ddof=1) ** 4 + 1e-6) for r in rows]
+    res = streamed.result()
+    assert res["vectors"] == len(ref) == 31
+    assert res["mean"] == pytest.approx(float(np.mean(ref)), rel=1e-12)
+    assert res["max"] == pytest.approx(float(np.max(ref)), rel=1e-12) and res["max"] > 10
+    merged = Kurtosis().merge(streamed)
+    assert merged.result() == res and Kurtosis.from_state_dict(streamed.state_dict()).result() == res
+    site = SiteStats(topk=3, channel_dim=-1)
+    for p in parts:
+        site.update(p)
+    assert site.result()["kurtosis"]["mean"] == pytest.approx(res["mean"], rel=1e-12)
+    nan = torch.randn(2, 16)
+    nan[0, 0] = float("nan")
+    k = Kurtosis()
+    k.update(nan)
+    assert k.result()["vectors"] == 1

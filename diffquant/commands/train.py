@@ -7,12 +7,13 @@ import dataclasses
 import json
 import sys
 
+from ..config import ARCHS
 from ..errors import UserError
 
 
 def register(sub) -> None:
     p = sub.add_parser("train", help="train a model on the calib train split or a token corpus (resumable)")
-    p.add_argument("--arch", choices=["transformer", "diff"], required=True)
+    p.add_argument("--arch", choices=ARCHS, required=True)
     p.add_argument("--preset", default="small", help="tiny | small | base | xs | s")
     p.add_argument("--tokens", type=int, required=True, help="training token budget")
     p.add_argument("--out", required=True, help="run folder (state/, snapshots/, final/, branches/, train_log.json)")

@@ -18,13 +18,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from diffquant.probes import Probe
+from diffquant.probes import ATTENTION_KINDS, Probe
 from diffquant.quant.config import ActQuant
 from diffquant.quant.numerics import PerAxis, fake_quantize
 
 __all__ = ["ATTENTION_KINDS", "InputQuantLinear", "QuantProbe", "act_granularity", "quantize_activation"]
 
-ATTENTION_KINDS = ("attn_q", "attn_k", "attn_logits", "attn_probs", "attn_diff")
 
 
 def act_granularity(granularity: str, ndim: int, kind: str | None = None) -> PerAxis:
