@@ -1,6 +1,9 @@
 """A teacher corpus: stories drawn by exact ancestral sampling from a model, written as token shards.
 
-Sampling is exact: temperature 1, no top-k / top-p, the next token drawn from softmax(logits) computed in float64.
+Sampling is exact: temperature 1, no top-k / top-p, the next token drawn from softmax(logits) in float64. The
+teacher itself runs in float64 too: a float32 forward changes in its last bits with the attention kernel, the
+thread count or the machine, and each such change flips some draws; in float64 a flip needs a uniform draw to
+land within ~1e-13 of a CDF boundary, so the shards a seed names stay the same bytes across versions and machines.
 Each story starts at BOS and ends when the model emits EOS or BOS (llama2.c trains stories260K on stories joined
 by BOS only, so BOS is how that teacher ends a story) or when it reaches ``max_len`` tokens. Stories of a batch
 are decoded in lockstep with a KV cache.
@@ -30,7 +33,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_SHARD_TOKENS = 1 << 21
 # Settings that decide the bytes of every shard: a rerun must agree on all of them to reuse shards.
-_IDENTITY = ("teacher_sha256", "seed", "batch_size", "max_len", "shard_tokens", "bos_id", "stop_ids", "threads")
+_IDENTITY = ("teacher_sha256", "seed", "batch_size", "max_len", "shard_tokens", "bos_id", "stop_ids", "precision")
+PRECISION = torch.float64
 
 
 @torch.inference_mode()
@@ -92,11 +96,11 @@ def _settings(teacher: Path, out: Path, model: LM, tokenizer, seed: int, batch_s
               shard_tokens: int, command: str | None) -> dict:
     stop_ids = sorted({i for i in (tokenizer.eos_id, tokenizer.bos_id) if i is not None})
     return {
-        "format": 1, "teacher": os.path.relpath(teacher, out), "teacher_sha256": file_sha256(_weights_file(teacher)),
+        "format": 2, "precision": str(PRECISION).removeprefix("torch."), "teacher": os.path.relpath(teacher, out), "teacher_sha256": file_sha256(_weights_file(teacher)),
         "tokenizer_sha256": file_sha256(tokenizer.path), "seed": seed, "batch_size": batch_size,
         "max_len": max_len, "shard_tokens": shard_tokens, "vocab_size": model.config.vocab_size,
         "dtype": token_dtype(model.config.vocab_size).name, "bos_id": tokenizer.bos_id, "stop_ids": stop_ids,
-        "threads": torch.get_num_threads(), "sampling": "ancestral, temperature 1, no top-k/top-p, float64 softmax",
+        "threads": torch.get_num_threads(), "sampling": "ancestral, temperature 1, no top-k/top-p, teacher and softmax in float64",
         "command": command,
     }
 
@@ -122,7 +126,7 @@ def sample_corpus(teacher: str | Path, out: str | Path, tokens: int, seed: int =
     tokenizer = tokenizer_for(teacher)  # raises a one-line error for a checkpoint without a tokenizer
     if tokenizer.bos_id is None or tokenizer.path is None:
         raise ValueError(f"the tokenizer of {teacher} has no BOS token: stories cannot start")
-    model = load_checkpoint(teacher, attn_impl="sdpa").eval()
+    model = load_checkpoint(teacher, attn_impl="sdpa", dtype=PRECISION).eval()
     if tokenizer.vocab_size > model.config.vocab_size:
         raise ValueError(f"the tokenizer of {teacher} has {tokenizer.vocab_size} tokens; the model only "
                          f"{model.config.vocab_size}")

@@ -114,6 +114,10 @@ def test_corpus_same_seed_same_bytes_resume_and_regeneration(tmp_path):
     assert corpus.tokenizer_path.name == "tokenizer.model"
     manifest = read_manifest(tmp_path / "a")
     assert manifest["teacher_sha256"] and manifest["stories"] == int((corpus.ids == BOS).sum())
+    older = {**manifest, "precision": "float32"}  # a corpus drawn otherwise is never mixed with new shards
+    (tmp_path / "a" / "manifest.json").write_text(json.dumps(older))
+    with pytest.raises(ValueError, match="other settings \\(precision\\)"):
+        sample_corpus(stories260k_path(), tmp_path / "a", **kw)
 
 
 def test_heldout_is_real_cased_text_with_bos():
