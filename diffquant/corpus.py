@@ -10,7 +10,6 @@ committed.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from .data import load_documents
+from .io import read_json_file
 
 log = logging.getLogger(__name__)
 
@@ -60,12 +60,9 @@ def read_manifest(folder: str | Path) -> dict:
     path = Path(folder) / MANIFEST
     if not path.is_file():
         raise FileNotFoundError(f"{folder} is not a token corpus (no {MANIFEST}); make one with `diffquant sample`")
-    try:
-        manifest = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path} is not valid JSON ({exc})") from None
+    manifest = read_json_file(path)
     for key in ("vocab_size", "dtype", "shards", "bos_id"):
-        if not isinstance(manifest, dict) or key not in manifest:
+        if key not in manifest:
             raise ValueError(f"{path} is not a corpus manifest (no {key!r})")
     return manifest
 

@@ -91,6 +91,7 @@ def randomize_(model):
     return model
 
 
+@pytest.mark.parametrize("arch", ["transformer", "diff", "gated", "clipped"])
 @pytest.mark.parametrize("kv", [None, 1, 2])
 def test_matches_float64_reference(arch, kv):
     base = tiny_config("transformer", n_kv_heads=kv * 2 if kv else None)
