@@ -2,8 +2,9 @@
 
 One eager forward over the same small batch every N steps, through :func:`diffquant.profile.profile` itself,
 so a tracked point equals ``dq.profile`` on that batch. Per layer it keeps top-1, top-10 and the median of
-each site (and the mean per-token kurtosis of hidden states), where the top-1 sits (head, Diff map, query and key position, whether the key is the first token;
-position, channel and token for hidden states) and, for Diff, the layer's λ.
+each site (and the mean per-token kurtosis of hidden states), where the top-1 sits (head, Diff map, query and
+key position, whether the key is the first token; position, channel and token for hidden states) and, for
+Diff, the layer's λ.
 """
 
 from __future__ import annotations
