@@ -97,7 +97,8 @@ def _settings(teacher: Path, out: Path, model: LM, tokenizer, seed: int, batch_s
     stop_ids = sorted({i for i in (tokenizer.eos_id, tokenizer.bos_id) if i is not None})
     return {
         "format": 2, "precision": str(PRECISION).removeprefix("torch."), "teacher": os.path.relpath(teacher, out),
-        "teacher_sha256": file_sha256(_weights_file(teacher)), "tokenizer_sha256": file_sha256(tokenizer.path), "seed": seed, "batch_size": batch_size,
+        "teacher_sha256": file_sha256(_weights_file(teacher)), "tokenizer_sha256": file_sha256(tokenizer.path),
+        "seed": seed, "batch_size": batch_size,
         "max_len": max_len, "shard_tokens": shard_tokens, "vocab_size": model.config.vocab_size,
         "dtype": token_dtype(model.config.vocab_size).name, "bos_id": tokenizer.bos_id, "stop_ids": stop_ids,
         "threads": torch.get_num_threads(),
