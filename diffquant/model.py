@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ATTN_IMPLS, ModelConfig
+from .errors import UserError
 from .probes import Probe
 
 INIT_STD = 0.02
@@ -276,7 +277,7 @@ def _import_flash():
     try:
         from flash_attn import flash_attn_func
     except ImportError:
-        raise RuntimeError(
+        raise UserError(
             "attn_impl='flash' needs the flash-attn package and a CUDA GPU: pip install 'diffquant[gpu]'"
         ) from None
     return flash_attn_func

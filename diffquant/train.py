@@ -28,6 +28,7 @@ from tqdm import tqdm
 
 from .checkpoint import atomic_dir, load_checkpoint, save_checkpoint
 from .config import ModelConfig
+from .errors import UserError
 from .io import atomic_path, atomic_write_text
 from .model import LM, build_model, num_params
 
@@ -273,6 +274,10 @@ def train(
                 history["wall_s"] = elapsed
                 save(done, out / STATE_DIR)
                 _write_log(out, log_base, history, done)
+    except TrainingDiverged:
+        history["diverged_at"] = len(history["train_loss"])
+        _write_log(out, log_base, history, history["diverged_at"])
+        raise
     except KeyboardInterrupt:
         history["wall_s"] = wall_before + time.time() - t_start
         done = len(history["train_loss"])
@@ -310,6 +315,10 @@ def _track(model: LM, batch: torch.Tensor, history: dict, step: int, cfg: TrainC
     history["outliers"].append({"step": step, "tokens": step * cfg.batch_size * cfg.seq_len, "layers": point})
 
 
+class TrainingDiverged(UserError):
+    """A non-finite training loss (e.g. too high a learning rate); the run's log records the step."""
+
+
 def _train_step(model: LM, opt: torch.optim.AdamW, cfg: TrainConfig, data: np.ndarray, step: int) -> float:
     x, y = batch_at(data, step, cfg)
     x, y = x.to(cfg.device), y.to(cfg.device)
@@ -319,7 +328,7 @@ def _train_step(model: LM, opt: torch.optim.AdamW, cfg: TrainConfig, data: np.nd
         logits = model(x)
     loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), y.flatten())
     if not torch.isfinite(loss):
-        raise RuntimeError(f"training diverged at step {step}: loss is {loss.item()}")
+        raise TrainingDiverged(f"training diverged at step {step}: loss is {loss.item()}")
     opt.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from diffquant import build_model, hooked, probes
+from diffquant.errors import UserError
 
 from .conftest import tiny_config
 
@@ -230,7 +231,7 @@ def test_flash_without_flash_attn_is_a_clear_error(tiny):
     try:
         import flash_attn  # noqa: F401
     except ImportError:
-        with pytest.raises(RuntimeError, match="pip install 'diffquant\\[gpu\\]'"):
+        with pytest.raises(UserError, match="pip install 'diffquant\\[gpu\\]'"):
             build_model(tiny_config("diff", attn_impl="flash"))
     else:
         pytest.skip("flash-attn is installed")

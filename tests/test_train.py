@@ -172,3 +172,28 @@ def test_tracked_outliers_equal_profile_on_the_same_batch(tmp_path, shakespeare_
         assert point["attn_logits"]["at"]["map"] in (0, 1) and "first_token" in point["attn_logits"]["at"]
         lam = model.layers[layer["layer"]].attn.lambda_full().item()
         assert point["lambda"] == pytest.approx(lam)
+
+
+def test_divergence_is_detected_logged_and_one_line(tmp_path, shakespeare_bytes, monkeypatch):
+    from diffquant import build_model
+
+    train_ids, val_ids = shakespeare_bytes
+    cfg = ModelConfig.preset("tiny", attn_impl="sdpa")
+    model = build_model(cfg)
+    with torch.no_grad():
+        model.layers[0].mlp.up_proj.weight.fill_(float("nan"))
+    run_cfg = tiny_run()
+    with pytest.raises(tr.TrainingDiverged, match="diverged at step 0"):
+        tr._train_step(model, tr.make_optimizer(model, run_cfg), run_cfg, train_ids, 0)
+    real = tr._train_step
+
+    def blow_up_at_4(model_, opt, cfg_, data, step):
+        if step == 4:
+            raise tr.TrainingDiverged("training diverged at step 4: loss is nan")
+        return real(model_, opt, cfg_, data, step)
+
+    monkeypatch.setattr(tr, "_train_step", blow_up_at_4)
+    with pytest.raises(tr.TrainingDiverged):
+        train(cfg, run_cfg, tmp_path / "run", train_ids, val_ids)
+    log = json.loads((tmp_path / "run" / "train_log.json").read_text())
+    assert log["history"]["diverged_at"] == 4 and len(log["history"]["train_loss"]) == 4

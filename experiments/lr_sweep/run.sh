@@ -24,7 +24,7 @@ for seed in 0 1; do
       nice -n 10 "$DQ" train --arch "$arch" --preset xs --data "$CORPUS" --tokens "$TOKENS" --out "$out" \
         --batch-size 16 --seq-len 512 --recipe stories260k --lr "$lr" --seed "$seed" \
         --schedule wsd --cooldown-frac 0.2 --warmup-steps 50 --eval-every 92 --eval-tokens 65536 \
-        --track-every 46 --save-every 46 --threads 1 "${resume[@]}" >> "$out.log" 2>&1 || { echo "failed: $out"; exit 1; }
+        --track-every 46 --save-every 46 --threads 1 "${resume[@]}" >> "$out.log" 2>&1 || { echo "failed: $out (see $out.log; a diverged run is recorded in its train_log.json)"; continue; }
       rm -rf "$out/state"  # finished: the final checkpoint and the log are what the summary reads
       echo "$(date -u +%H:%M:%S) done: $out"
     done
