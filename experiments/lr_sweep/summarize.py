@@ -161,11 +161,17 @@ def main() -> None:
     records = [r for run in sorted(Path(args.runs).iterdir()) if run.is_dir() and (r := run_record(run, windows))]
     if not records:
         raise SystemExit(f"no finished runs under {args.runs}")
+    diverged = sorted(f"{run.name} (step {log['history']['diverged_at']})" for run in Path(args.runs).iterdir()
+                      if (run / "train_log.json").is_file()
+                      and "diverged_at" in (log := json.loads((run / "train_log.json").read_text()))["history"])
     teacher = teacher_record(windows)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "lr_sweep.json").write_text(json.dumps({"teacher": teacher, "runs": records}, indent=1))
+    (out / "lr_sweep.json").write_text(json.dumps({"teacher": teacher, "runs": records, "diverged": diverged},
+                                                  indent=1))
     text = table(records, teacher) + "\n\n" + ratios(records) + "\n"
+    if diverged:
+        text += "\nDiverged (non-finite training loss): " + ", ".join(diverged) + "\n"
     (out / "lr_sweep.md").write_text(text)
     plot_lr(records, teacher, out / "lr_sweep.png")
     plot_emergence(records, out / "emergence.png")
