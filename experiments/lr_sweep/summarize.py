@@ -27,6 +27,7 @@ import torch  # noqa: E402
 from diffquant import load_checkpoint, profile  # noqa: E402
 from diffquant.corpus import heldout_ids  # noqa: E402
 from diffquant.gguf import stories260k_path, stories260k_tokenizer_path  # noqa: E402
+from diffquant.quant import ActQuant, QuantConfig, quantize_model  # noqa: E402
 from diffquant.tokenizer import Tokenizer  # noqa: E402
 from diffquant.tracking import max_over_layers  # noqa: E402
 from diffquant.train import eval_windows, mean_loss  # noqa: E402
@@ -38,6 +39,12 @@ ARCH_STYLE = {"transformer": ("tab:blue", "-"), "diff": ("tab:red", "--")}
 
 def heldout_windows(seq_len: int = 512, eval_tokens: int = 65536) -> torch.Tensor:
     return eval_windows(heldout_ids(Tokenizer.load(stories260k_tokenizer_path())), seq_len, eval_tokens)
+
+
+def logit4_loss(model, windows: torch.Tensor) -> float:
+    """Validation loss with every attention logit fake-quantized to 4 bits, one absmax scale per sequence."""
+    quantized = quantize_model(model, QuantConfig(logits=ActQuant(bits=4, granularity="tensor")))
+    return mean_loss(quantized, windows, 16, "cpu")
 
 
 def run_record(run: Path, windows: torch.Tensor) -> dict | None:
@@ -54,6 +61,8 @@ def run_record(run: Path, windows: torch.Tensor) -> dict | None:
         "run": run.name, "arch": m["arch"], "lr": float(m["lr"]), "seed": int(m["seed"]),
         "tokens": log["tokens_seen"], "parameters": log["parameters"],
         "val_loss": hist["val"][-1]["loss"], "wall_s": hist["wall_s"],
+        "logit4_ppl_ratio": math.exp(logit4_loss(model, windows[:PROFILE_WINDOWS]) - mean_loss(
+            model, windows[:PROFILE_WINDOWS], 16, "cpu")),
         "train_tokens_per_s": log["tokens_seen"] / hist["wall_s"] if hist["wall_s"] else None,
         "logit_top1": rep["attn_logits"]["top"][0], "logit_median": rep["attn_logits"]["median"],
         "logit_top1_at": rep["attn_logits"]["locations"][0],
@@ -69,13 +78,15 @@ def teacher_record(windows: torch.Tensor) -> dict:
     teacher = load_checkpoint(stories260k_path(), attn_impl="sdpa")
     rep = profile(teacher, list(windows[:PROFILE_WINDOWS, :-1].split(16)), sites=("attn_logits", "hidden"), topk=10,
                   n_locations=1, progress=False).data["sites"]
-    return {"run": "teacher (stories260K)", "val_loss": mean_loss(teacher, windows, 16, "cpu"),
+    loss = mean_loss(teacher, windows, 16, "cpu")
+    four = logit4_loss(teacher, windows[:PROFILE_WINDOWS]) - mean_loss(teacher, windows[:PROFILE_WINDOWS], 16, "cpu")
+    return {"run": "teacher (stories260K)", "val_loss": loss, "logit4_ppl_ratio": math.exp(four),
             "logit_top1": rep["attn_logits"]["top"][0], "hidden_top1": rep["hidden"]["top"][0]}
 
 
 def table(records: list[dict], teacher: dict) -> str:
     lines = ["| peak LR | arch | seeds | val loss | gap to teacher | logit top-1 | hidden top-1 | "
-             "logit top-1 at (first key?) | tokens/s |", "|---|---|---|---|---|---|---|---|---|"]
+             "logit top-1 at (first key?) | ppl × (4-bit logits) | tokens/s |", "|---" * 10 + "|"]
     for lr in sorted({r["lr"] for r in records}):
         for arch in ("transformer", "diff"):
             rs = sorted((r for r in records if r["lr"] == lr and r["arch"] == arch), key=lambda r: r["seed"])
@@ -89,9 +100,9 @@ def table(records: list[dict], teacher: dict) -> str:
             gap = " / ".join(f"{r['val_loss'] - teacher['val_loss']:+.3f}" for r in rs)
             lines.append(f"| {lr:g} | {arch} | {len(rs)} | {per_seed('val_loss', '.3f')} | {gap} | "
                          f"{per_seed('logit_top1', '.1f')} | {per_seed('hidden_top1', '.1f')} | {first} | "
-                         f"{per_seed('train_tokens_per_s', '.0f')} |")
+                         f"{per_seed('logit4_ppl_ratio', '.3f')} | {per_seed('train_tokens_per_s', '.0f')} |")
     lines.append(f"| — | teacher | — | {teacher['val_loss']:.3f} | 0 | {teacher['logit_top1']:.1f} | "
-                 f"{teacher['hidden_top1']:.1f} | | |")
+                 f"{teacher['hidden_top1']:.1f} | | {teacher['logit4_ppl_ratio']:.3f} | |")
     return "\n".join(lines)
 
 
