@@ -106,15 +106,25 @@ def table(records: list[dict], teacher: dict) -> str:
     return "\n".join(lines)
 
 
+GATE_TOP1, GATE_PPL = 100.0, 2.0  # issue 13's outlier-regime gate, on the Transformer arm
+
+
+def gate(record: dict) -> bool:
+    return record["logit_top1"] >= GATE_TOP1 and record["logit4_ppl_ratio"] >= GATE_PPL
+
+
 def ratios(records: list[dict]) -> str:
-    """Transformer / Diff per (lr, seed): the paper's direction is ratio > 1."""
-    out = ["| peak LR | seed | logit top-1 T/D | hidden top-1 T/D | val loss D − T |", "|---|---|---|---|---|"]
+    """Transformer / Diff per (lr, seed): the paper's direction is ratio > 1; and the Transformer's gate."""
+    out = ["| peak LR | seed | logit top-1 T/D | hidden top-1 T/D | ppl × 4-bit logits T / D | val loss D − T | "
+           "gate (T top-1 ≥ 100 and ppl × ≥ 2) |", "|---" * 7 + "|"]
     by = {(r["lr"], r["seed"], r["arch"]): r for r in records}
     for lr, seed in sorted({(r["lr"], r["seed"]) for r in records}):
         t, d = by.get((lr, seed, "transformer")), by.get((lr, seed, "diff"))
         if t and d:
             out.append(f"| {lr:g} | {seed} | {t['logit_top1'] / d['logit_top1']:.2f} | "
-                       f"{t['hidden_top1'] / d['hidden_top1']:.2f} | {d['val_loss'] - t['val_loss']:+.3f} |")
+                       f"{t['hidden_top1'] / d['hidden_top1']:.2f} | "
+                       f"{t['logit4_ppl_ratio']:.3f} / {d['logit4_ppl_ratio']:.3f} | "
+                       f"{d['val_loss'] - t['val_loss']:+.3f} | {'yes' if gate(t) else 'no'} |")
     return "\n".join(out)
 
 
