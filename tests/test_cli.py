@@ -25,7 +25,7 @@ def test_info_on_a_bad_path_exits_2_with_one_line(tmp_path, capsys):
 
 
 def test_installed_command_exit_codes_as_a_user_sees_them(tmp_path):
-    run = subprocess.run([sys.executable, "-m", "diffquant.cli", "info", str(tmp_path / "nope")],
+    run = subprocess.run([sys.executable, "-m", "diffquant", "info", str(tmp_path / "nope")],
                          capture_output=True, text=True)
     assert run.returncode == 2
     assert "Traceback" not in run.stderr and "does not exist" in run.stderr
