@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from pathlib import Path
 
 NON_NEGATIVE = frozenset({"seed", "warmup_steps"})  # 0 is meaningful though not the default
 DOMAIN_CHECKED = frozenset({"bits", "act_bits", "logit_bits"})  # the quantizer's own range messages say more
@@ -101,7 +102,18 @@ def path_roles(args: argparse.Namespace) -> tuple[dict[str, list[str]], dict[str
         return found
 
     inputs = given(getattr(args, "inputs", INPUT_FLAGS), "", _path_candidates)
-    return inputs, given(getattr(args, "outputs", OUTPUT_FLAGS), "--", lambda v: [v])
+    return inputs, given(getattr(args, "outputs", OUTPUT_FLAGS), "--", _with_companions)
+
+
+def hist_plot_path(plot: str) -> str:
+    """The histogram figure written beside a ``--plot`` PNG (``x.png`` -> ``x-hist.png``)."""
+    p = Path(plot)
+    return str(p.with_name(p.stem + "-hist.png"))
+
+
+def _with_companions(value: str) -> list[str]:
+    """An output path and the files written beside it (a PNG's histogram figure)."""
+    return [value, hist_plot_path(value)] if value.lower().endswith(".png") else [value]
 
 
 def _path_candidates(value: str) -> list[str]:

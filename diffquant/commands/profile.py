@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from ..checkpoint import read_metadata
+from ..cliargs import hist_plot_path
 from ..data import documents, encode_documents
 from ..errors import UserError
 from ..hf_probes import load_for_profiling
@@ -85,7 +86,7 @@ def run(args) -> int:
 
         if args.plot:
             plot_layers(by_label, args.plot)
-            plot_histograms(by_label, Path(args.plot).with_name(Path(args.plot).stem + "-hist.png"))
+            plot_histograms(by_label, Path(hist_plot_path(args.plot)))
         if args.training_plot:
             series: dict[str, list[dict]] = {}
             for rec in records:

@@ -36,6 +36,11 @@ def packed_bits_edited(w, t):
     return {"q": q}
 
 
+def _text(path):
+    path.write_text("Once upon a time there was a story in a file with an odd name.\n" * 20)
+    return path
+
+
 def corrupt_tokenizer(w, t):
     (t / "tok.json").write_text('{"model": {"type": "BPE", "vocab": 17}}')
     return {"tok": t / "tok.json"}
@@ -105,6 +110,8 @@ CASES = {
     "profile/json-is-data": (nothing, ["profile", "{ckpt}", "--data", "{text}", "--json", "{text}"],
                              "is the input data"),
     "profile/plot-inside": (nothing, ["profile", "{ckpt}", "--plot", "{ckpt}/p.png"], "lies inside"),
+    "profile/hist-plot-is-data": (lambda w, t: {"ph": _text(t / "p-hist.png")},
+                                  ["profile", "{ckpt}", "--data", "{ph}", "--plot", "{t}/p.png"], "is the input"),
     "profile/training-plot-is-tokenizer": (corrupt_tokenizer, ["profile", "{ckpt}", "--tokenizer", "{tok}",
                                                                "--training-plot", "{tok}"], "is the input"),
     "profile/binary-data": (lambda w, t: {"bin": h.junk(t / "junk.txt")}, ["profile", "{ckpt}", "--data", "{bin}"],
