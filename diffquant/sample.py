@@ -101,7 +101,7 @@ def _settings(teacher: Path, out: Path, model: LM, tokenizer, seed: int, batch_s
         "seed": seed, "batch_size": batch_size,
         "max_len": max_len, "shard_tokens": shard_tokens, "vocab_size": model.config.vocab_size,
         "dtype": token_dtype(model.config.vocab_size).name, "bos_id": tokenizer.bos_id, "stop_ids": stop_ids,
-        "threads": torch.get_num_threads(),
+        "threads": torch.get_num_threads(), "device": next(model.parameters()).device.type,
         "sampling": "ancestral, temperature 1, no top-k/top-p, teacher and softmax in float64",
         "command": command,
     }
@@ -113,11 +113,13 @@ def _weights_file(teacher: Path) -> Path:
 
 def sample_corpus(teacher: str | Path, out: str | Path, tokens: int, seed: int = 0, batch_size: int = 256,
                   max_len: int = 512, shard_tokens: int = DEFAULT_SHARD_TOKENS, command: str | None = None,
-                  progress: bool = True) -> dict:
+                  progress: bool = True, device: str | torch.device = "cpu") -> dict:
     """Draw ``ceil(tokens / shard_tokens)`` shards from ``teacher`` into ``out``; returns the manifest.
 
     Shards already in ``out`` from the same settings are kept (after their sha256 is checked); missing ones
     are drawn. The teacher's tokenizer is copied beside the shards so the corpus carries its vocabulary.
+    ``device``: where the teacher runs (e.g. "cuda", with thousands of stories at once); the uniform draws come
+    from a CPU generator either way, and the float64 teacher keeps the bytes the same on every device.
     """
     from .checkpoint import load_checkpoint
     from .tokenizer import tokenizer_for
@@ -128,7 +130,7 @@ def sample_corpus(teacher: str | Path, out: str | Path, tokens: int, seed: int =
     tokenizer = tokenizer_for(teacher)  # raises a one-line error for a checkpoint without a tokenizer
     if tokenizer.bos_id is None or tokenizer.path is None:
         raise ValueError(f"the tokenizer of {teacher} has no BOS token: stories cannot start")
-    model = load_checkpoint(teacher, attn_impl="sdpa", dtype=PRECISION).eval()
+    model = load_checkpoint(teacher, device=device, attn_impl="sdpa", dtype=PRECISION).eval()
     if tokenizer.vocab_size > model.config.vocab_size:
         raise ValueError(f"the tokenizer of {teacher} has {tokenizer.vocab_size} tokens; the model only "
                          f"{model.config.vocab_size}")

@@ -1,7 +1,8 @@
-"""The GPU-scale script's CPU dry run: the same code path at tiny sizes (the real run needs an H200)."""
+"""The GPU script's CPU dry run: the same code path at toy sizes (the real run needs an H200)."""
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -9,17 +10,100 @@ import pytest
 SCRIPT = Path(__file__).resolve().parent.parent / "experiments" / "gpu" / "run_gpu.py"
 
 
-@pytest.mark.slow
-def test_dry_run_trains_profiles_and_sweeps(tmp_path):
+def load_script():
     spec = importlib.util.spec_from_file_location("run_gpu", SCRIPT)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the script loads
     spec.loader.exec_module(module)
-    summary = module.main(["--dry-run", "--out", str(tmp_path)])
-    assert summary["device"] == "cpu" and summary["times"]["total_s"] > 0
-    table5 = json.loads((tmp_path / "table5.json").read_text())
-    assert set(table5) == {"transformer", "diff"}
-    assert table5["diff"]["sites"]["attn_logits"]["count"] > 0
-    records = [json.loads(line) for line in (tmp_path / "figure8.jsonl").read_text().splitlines()]
-    assert len(records) == 2 * 4 * 2  # models x bits x tasks
-    for name in ("table5.md", "table5.png", "figure8.md", "figure8.png", "summary.json"):
-        assert (tmp_path / name).stat().st_size > 0
+    return module
+
+
+@pytest.fixture(scope="module")
+def script():
+    return load_script()
+
+
+@pytest.fixture(scope="module")
+def dry_run(script, tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu-dry")
+    return out, script.main(["--dry-run", "--out", str(out)])
+
+
+def expected_pairs(script) -> set[str]:
+    plan = script.DRY
+    return {f"{g.preset}-s{g.seed}-{script.tokens_label(b)}" for g in plan.groups for b in g.budgets}
+
+
+@pytest.mark.slow
+def test_dry_run_samples_trains_and_evaluates_every_pair(script, dry_run):
+    out, summary = dry_run
+    assert summary["device"] == "cpu" and summary["times_s"]["total"] > 0
+    assert summary["skipped_by_time_guard"] == [] and summary["diverged"] == []
+    assert summary["corpus"]["shards"] == 3
+    assert json.loads((out / "corpus" / "manifest.json").read_text())["device"] == "cpu"
+    pairs = json.loads((out / "pairs.json").read_text())
+    assert {p["pair"] for p in pairs} == set(summary["gate"]) == expected_pairs(script)
+    for pair in pairs:
+        assert set(pair["logit_top1"]) == {"transformer", "diff"} and isinstance(pair["gate"], bool)
+        table5 = json.loads((out / "table5" / f"{pair['pair']}.json").read_text())
+        assert table5["diff"]["sites"]["attn_logits"]["count"] > 0
+        records = [json.loads(line) for line in (out / "figure8" / f"{pair['pair']}.jsonl").read_text().splitlines()]
+        tasks = len(script.DRY.sweep_limits)
+        assert len(records) == 2 * tasks * (1 + 3 * len(script.GRANULARITIES))  # models x tasks x (16 + bits x gran.)
+    for name in ("gate.md", "seeds.md", "table5.md", "figure8.md", "trend.png", "summary.json"):
+        assert (out / name).stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_cooldowns_branch_from_the_stable_runs_and_track_outliers(script, dry_run):
+    out, _ = dry_run
+    plan = script.DRY
+    step = script.branch_step(4096, plan)
+    log = json.loads((out / "cooled" / "xs-s0-diff-4.1K" / "train_log.json").read_text())
+    assert log["branch_from"].endswith(f"stable/xs-s0-diff/branches/step{step:06d}")
+    assert log["train_config"]["decay_start"] == step and log["train_config"]["schedule"] == "wsd"
+    assert log["step"] * plan.tokens_per_step == 4096  # stable + 20 % cooldown = the budget
+    assert log["history"]["outliers"] and log["history"]["outliers"][-1]["step"] == log["step"]
+    stable = json.loads((out / "stable" / "xs-s0-transformer" / "train_log.json").read_text())
+    assert stable["step"] == script.branch_step(8192, plan)  # the seed-0 run went on for the 8K budget
+    assert not (out / "cooled" / "xs-s0-diff-4.1K" / "state").exists()
+
+
+def test_time_guard_stops_gracefully_and_still_writes_outputs(script, tmp_path):
+    summary = script.main(["--dry-run", "--time-limit", "0.5", "--out", str(tmp_path)])
+    assert summary["pairs_trained"] == [] and summary["pairs_evaluated"] == []
+    assert any("stable steps" in s["what"] for s in summary["skipped_by_time_guard"])
+    assert "No pair was evaluated" in (tmp_path / "gate.md").read_text()
+    assert json.loads((tmp_path / "summary.json").read_text())["times_s"]["total"] > 0
+
+
+def test_evaluation_order_puts_the_budget_every_seed_reached_first(script):
+    def pair(preset, seed, budget, tokens):
+        return {"preset": preset, "seed": seed, "budget": budget, "tokens": tokens}
+
+    pairs = [pair("xs", 0, "30M", 30), pair("xs", 0, "100M", 100), pair("xs", 1, "30M", 30),
+             pair("xs", 1, "100M", 100), pair("s", 0, "30M", 30), pair("xs", 0, "250M", 250)]
+    order = [(p["preset"], p["seed"], p["budget"]) for p in script.evaluation_order(pairs)]
+    assert order[:3] == [("xs", 0, "100M"), ("xs", 1, "100M"), ("s", 0, "30M")]
+    assert order[3] == ("xs", 0, "250M")
+
+
+def test_stable_chunks_end_at_every_branch_point(script):
+    plan = script.FULL
+    group = script.Group("xs", 0, (30_000_000, 100_000_000))
+    targets = script.stable_targets(group, plan, 0)
+    points = [script.branch_step(b, plan) for b in group.budgets]
+    assert set(points) <= set(targets) and targets == sorted(targets)
+    assert max(b - a for a, b in zip([0, *targets], targets)) <= plan.chunk_steps
+    cooled = [(p + script.cooldown_steps(p, plan)) * plan.tokens_per_step for p in points]
+    assert [round(t / 1e6) for t in cooled] == [30, 100]
+    assert script.stable_targets(script.Group("xs", 0, (250_000_000,)), plan, points[-1])[0] > points[-1]
+
+
+@pytest.mark.slow
+def test_a_rerun_reuses_the_corpus_the_runs_and_the_records(script, dry_run):
+    out, first = dry_run
+    again = script.main(["--dry-run", "--out", str(out)])
+    assert again["train_tokens_per_s_last_stretch"] == {}  # nothing was left to train
+    assert again["pairs_evaluated"] == first["pairs_evaluated"] and again["gate"] == first["gate"]
+    assert again["corpus"]["tokens"] == first["corpus"]["tokens"]
