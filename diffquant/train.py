@@ -31,6 +31,7 @@ from .config import ModelConfig
 from .errors import UserError
 from .io import atomic_path, atomic_write_text
 from .model import LM, build_model, num_params
+from .tracking import outlier_point
 
 log = logging.getLogger(__name__)
 
@@ -309,8 +310,6 @@ def _check_branch(saved: ModelConfig, requested: ModelConfig, origin: dict, cfg:
 
 
 def _track(model: LM, batch: torch.Tensor, history: dict, step: int, cfg: TrainConfig) -> None:
-    from .tracking import outlier_point
-
     point = outlier_point(model, batch.to(cfg.device))
     history["outliers"].append({"step": step, "tokens": step * cfg.batch_size * cfg.seq_len, "layers": point})
 
