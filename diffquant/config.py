@@ -44,7 +44,8 @@ class ModelConfig(JsonConfig):
     d_model: int = 256
     n_layers: int = 4
     n_heads: int = 8
-    n_kv_heads: int | None = None  # grouped-query attention; None means n_heads
+    # Given as None they are resolved at construction (as HF configs do), so they always hold concrete ints:
+    n_kv_heads: int | None = None  # grouped-query attention; None: n_heads
     head_dim: int | None = None  # None: d_model // n_heads (// 2 more for diff)
     ffn_dim: int | None = None  # None: default_ffn_dim(d_model)
     max_seq_len: int = 256
@@ -68,16 +69,26 @@ class ModelConfig(JsonConfig):
         if self.lambda_init is not None and not (isinstance(self.lambda_init, (int, float))
                                                  and math.isfinite(self.lambda_init)):
             raise ValueError(f"lambda_init must be a finite number or null, got {self.lambda_init!r}")
+        self._resolve_sizes()
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim {self.head_dim} must be even for RoPE")
+
+    def _resolve_sizes(self) -> None:
+        """Fill the sizes left as None with their defaults (a frozen dataclass: set once, here)."""
         sub = self.sub_heads_per_head
-        if self.head_dim is None and self.d_model % (self.n_heads * sub):
-            raise ValueError(
-                f"d_model {self.d_model} is not divisible by {self.n_heads * sub} "
-                f"({self.n_heads} heads x {sub} sub-heads); set head_dim explicitly"
-            )
-        if self.n_heads % self.kv_heads:
-            raise ValueError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.kv_heads}")
-        if self.dim_head % 2:
-            raise ValueError(f"head_dim {self.dim_head} must be even for RoPE")
+        if self.head_dim is None:
+            if self.d_model % (self.n_heads * sub):
+                raise ValueError(
+                    f"d_model {self.d_model} is not divisible by {self.n_heads * sub} "
+                    f"({self.n_heads} heads x {sub} sub-heads); set head_dim explicitly"
+                )
+            object.__setattr__(self, "head_dim", self.d_model // (self.n_heads * sub))
+        if self.n_kv_heads is None:
+            object.__setattr__(self, "n_kv_heads", self.n_heads)
+        if self.ffn_dim is None:
+            object.__setattr__(self, "ffn_dim", default_ffn_dim(self.d_model))
 
     # Derived sizes (properties so they never disagree with the stored fields).
     @property
@@ -89,25 +100,13 @@ class ModelConfig(JsonConfig):
         return lambda_init_for_layer(layer) if self.lambda_init is None else float(self.lambda_init)
 
     @property
-    def kv_heads(self) -> int:
-        return self.n_kv_heads or self.n_heads
-
-    @property
-    def dim_head(self) -> int:
-        return self.head_dim or self.d_model // (self.n_heads * self.sub_heads_per_head)
-
-    @property
-    def dim_ffn(self) -> int:
-        return self.ffn_dim or default_ffn_dim(self.d_model)
-
-    @property
     def q_dim(self) -> int:
-        """Width of q_proj's output (= v_proj and out_proj width for kv_heads == n_heads)."""
-        return self.n_heads * self.sub_heads_per_head * self.dim_head
+        """Width of q_proj's output (= v_proj and out_proj width for n_kv_heads == n_heads)."""
+        return self.n_heads * self.sub_heads_per_head * self.head_dim
 
     @property
     def kv_dim(self) -> int:
-        return self.kv_heads * self.sub_heads_per_head * self.dim_head
+        return self.n_kv_heads * self.sub_heads_per_head * self.head_dim
 
     def matched(self, arch: str) -> ModelConfig:
         """The parameter-matched partner of another arch: Diff has half the Transformer's heads at the same
@@ -121,25 +120,21 @@ class ModelConfig(JsonConfig):
     def _as_transformer(self) -> ModelConfig:
         if self.arch == "diff":
             return dataclasses.replace(self, arch="transformer", n_heads=self.n_heads * 2,
-                                       n_kv_heads=None if self.n_kv_heads is None else self.n_kv_heads * 2)
+                                       n_kv_heads=self.n_kv_heads * 2)
         if self.arch == "gated":
-            ffn = self.dim_ffn + gate_ffn_cut(self)
-            # the default width stays implicit, so transformer -> gated -> transformer is the identity
-            return dataclasses.replace(self, arch="transformer",
-                                       ffn_dim=None if ffn == default_ffn_dim(self.d_model) else ffn)
+            return dataclasses.replace(self, arch="transformer", ffn_dim=self.ffn_dim + gate_ffn_cut(self))
         return dataclasses.replace(self, arch="transformer")
 
     def _transformer_to(self, arch: str) -> ModelConfig:
         if arch == "diff":
-            if self.n_heads % 2 or self.kv_heads % 2:
+            if self.n_heads % 2 or self.n_kv_heads % 2:
                 raise ValueError(
-                    f"a Diff partner needs an even number of heads and kv heads, got {self.n_heads}/{self.kv_heads}"
+                    f"a Diff partner needs an even number of heads and kv heads, got {self.n_heads}/{self.n_kv_heads}"
                 )
             # head_dim stays: the defaults agree, d_model // (H·s) is the same for both
-            return dataclasses.replace(self, arch=arch, n_heads=self.n_heads // 2,
-                                       n_kv_heads=None if self.n_kv_heads is None else self.kv_heads // 2)
+            return dataclasses.replace(self, arch=arch, n_heads=self.n_heads // 2, n_kv_heads=self.n_kv_heads // 2)
         if arch == "gated":
-            return dataclasses.replace(self, arch=arch, ffn_dim=self.dim_ffn - gate_ffn_cut(self))
+            return dataclasses.replace(self, arch=arch, ffn_dim=self.ffn_dim - gate_ffn_cut(self))
         return dataclasses.replace(self, arch=arch)
 
     # JSON round trip.

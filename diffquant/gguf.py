@@ -154,7 +154,7 @@ def _config(path: Path, meta: dict, shapes: dict[str, torch.Size]) -> ModelConfi
         return ModelConfig(
             arch="transformer", vocab_size=shapes["token_embd.weight"][0], d_model=d_model,
             n_layers=int(need("block_count")), n_heads=n_heads, n_kv_heads=n_kv,
-            head_dim=None if head_dim * n_heads == d_model else head_dim,  # None: the usual d_model // n_heads
+            head_dim=head_dim,
             ffn_dim=int(need("feed_forward_length")), max_seq_len=int(need("context_length")),
             rope_theta=_decimal(meta.get("llama.rope.freq_base", 10000.0)),
             norm_eps=_decimal(need("attention.layer_norm_rms_epsilon")),

@@ -49,7 +49,7 @@ from .checkpoint import (
     read_header,
     refuse_pickle,
 )
-from .config import ModelConfig, default_ffn_dim
+from .config import ModelConfig
 from .errors import first_line
 from .io import read_json_file, write_safetensors
 from .model import LAMBDA_STD, LM, build_model
@@ -94,8 +94,8 @@ def hf_config_dict(cfg: ModelConfig, bos_id: int | None = None, eos_id: int | No
     sub = cfg.sub_heads_per_head  # DiffLlama counts d-wide half-heads
     return dict(
         model_type=model_type, architectures=[architecture], vocab_size=cfg.vocab_size, hidden_size=cfg.d_model,
-        intermediate_size=cfg.dim_ffn, num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads * sub,
-        num_key_value_heads=cfg.kv_heads * sub, head_dim=cfg.dim_head, hidden_act="silu",
+        intermediate_size=cfg.ffn_dim, num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads * sub,
+        num_key_value_heads=cfg.n_kv_heads * sub, head_dim=cfg.head_dim, hidden_act="silu",
         max_position_embeddings=cfg.max_seq_len, rms_norm_eps=cfg.norm_eps, tie_word_embeddings=cfg.tie_embeddings,
         rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta}, attention_bias=False,
         attention_dropout=0.0, bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=None,
@@ -129,10 +129,10 @@ def _rows(n_chunks: int, d: int, diff: bool, rope: bool) -> torch.Tensor:
 
 
 def _row_maps(cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    diff, sub, d = cfg.arch == "diff", cfg.sub_heads_per_head, cfg.dim_head
+    diff, sub, d = cfg.arch == "diff", cfg.sub_heads_per_head, cfg.head_dim
     return {"q_proj": _rows(cfg.n_heads * sub, d, diff, rope=True),
-            "k_proj": _rows(cfg.kv_heads * sub, d, diff, rope=True),
-            "v_proj": _rows(cfg.kv_heads * sub, d, diff, rope=False)}
+            "k_proj": _rows(cfg.n_kv_heads * sub, d, diff, rope=True),
+            "v_proj": _rows(cfg.n_kv_heads * sub, d, diff, rope=False)}
 
 
 def _fold(out_w: torch.Tensor, subln_w: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -303,14 +303,11 @@ def config_from_hf(hf: dict, source: str = "HF config") -> ModelConfig:
         if heads % 2 or kv % 2:
             raise CheckpointError(f"{source}: DiffLlama needs even half-head counts, got {heads}/{kv}")
         heads, kv = heads // 2, kv // 2
-    sub = 2 if arch == "diff" else 1
     ffn = int(hf["intermediate_size"])
     try:
         return ModelConfig(
             arch=arch, vocab_size=int(hf["vocab_size"]), d_model=d_model, n_layers=int(hf["num_hidden_layers"]),
-            n_heads=heads, n_kv_heads=None if kv == heads else kv,
-            head_dim=None if head_dim * heads * sub == d_model else head_dim,
-            ffn_dim=None if ffn == default_ffn_dim(d_model) else ffn,
+            n_heads=heads, n_kv_heads=kv, head_dim=head_dim, ffn_dim=ffn,
             max_seq_len=int(hf.get("max_position_embeddings", 2048)), rope_theta=float(_rope(hf)["rope_theta"]),
             norm_eps=float(hf.get("rms_norm_eps", 1e-6 if arch == "transformer" else 1e-5)),
             tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
@@ -366,7 +363,7 @@ def from_hf_state_dict(tensors: dict[str, torch.Tensor], cfg: ModelConfig, sourc
             out[f"{p}attn.{name}.weight"] = tensors[f"{h}self_attn.{name}.weight"][order]
         out[f"{p}attn.out_proj.weight"] = tensors[f"{h}self_attn.o_proj.weight"]
         if cfg.arch == "diff":
-            out[f"{p}attn.subln.weight"] = torch.ones(2 * cfg.dim_head, dtype=out["embed.weight"].dtype)
+            out[f"{p}attn.subln.weight"] = torch.ones(2 * cfg.head_dim, dtype=out["embed.weight"].dtype)
             for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
                 out[f"{p}attn.{name}"] = tensors[f"{h}self_attn.{name}"]
         out[f"{p}attn_norm.weight"] = tensors[f"{h}input_layernorm.weight"]
@@ -378,7 +375,7 @@ def from_hf_state_dict(tensors: dict[str, torch.Tensor], cfg: ModelConfig, sourc
 
 def _hf_shapes(cfg: ModelConfig) -> dict[str, torch.Size]:
     """Name -> shape of every tensor an HF folder for ``cfg`` must hold."""
-    V, D, F, d = cfg.vocab_size, cfg.d_model, cfg.dim_ffn, cfg.dim_head
+    V, D, F, d = cfg.vocab_size, cfg.d_model, cfg.ffn_dim, cfg.head_dim
     shapes = {"model.embed_tokens.weight": (V, D), "model.norm.weight": (D,)}
     if not cfg.tie_embeddings:
         shapes["lm_head.weight"] = (V, D)
@@ -492,7 +489,7 @@ def _apply_sidecar(path: Path, cfg: ModelConfig, state: dict, tensors: dict) -> 
 
 
 def _same_model(a: ModelConfig, b: ModelConfig) -> bool:
-    keys = ("arch", "vocab_size", "d_model", "n_layers", "n_heads", "kv_heads", "dim_head", "dim_ffn",
+    keys = ("arch", "vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn_dim",
             "max_seq_len", "rope_theta", "norm_eps", "tie_embeddings")
     return all(getattr(a, k) == getattr(b, k) for k in keys)
 

@@ -86,10 +86,10 @@ class KVCache:
     def __init__(self, cfg: ModelConfig, batch: int, max_len: int | None = None, device=None,
                  dtype: torch.dtype = torch.float32):
         max_len = max_len or cfg.max_seq_len
-        s, d = cfg.sub_heads_per_head, cfg.dim_head
-        self.keys = [torch.empty(batch, cfg.kv_heads * s, max_len, d, device=device, dtype=dtype)
+        s, d = cfg.sub_heads_per_head, cfg.head_dim
+        self.keys = [torch.empty(batch, cfg.n_kv_heads * s, max_len, d, device=device, dtype=dtype)
                      for _ in range(cfg.n_layers)]
-        self.values = [torch.empty(batch, cfg.kv_heads, max_len, s * d, device=device, dtype=dtype)
+        self.values = [torch.empty(batch, cfg.n_kv_heads, max_len, s * d, device=device, dtype=dtype)
                        for _ in range(cfg.n_layers)]
         self.length = 0
 
@@ -116,8 +116,8 @@ class Attention(nn.Module):
         self.is_diff = cfg.arch == "diff"
         self.is_gated, self.is_clipped = cfg.arch == "gated", cfg.arch == "clipped"
         self.sub = cfg.sub_heads_per_head  # query/key sub-heads per head: 1 or 2
-        self.n_heads, self.n_kv, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.dim_head
-        self.n_rep = cfg.n_heads // cfg.kv_heads
+        self.n_heads, self.n_kv, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.n_rep = cfg.n_heads // cfg.n_kv_heads
         self.impl = cfg.attn_impl
         self.layer = layer
         self.chunk: int | None = None  # eager only: process queries in chunks of this many (long inputs)
@@ -288,9 +288,9 @@ class MLP(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.d_model, cfg.dim_ffn, bias=False)
-        self.up_proj = nn.Linear(cfg.d_model, cfg.dim_ffn, bias=False)
-        self.down_proj = nn.Linear(cfg.dim_ffn, cfg.d_model, bias=False)
+        self.gate_proj = nn.Linear(cfg.d_model, cfg.ffn_dim, bias=False)
+        self.up_proj = nn.Linear(cfg.d_model, cfg.ffn_dim, bias=False)
+        self.down_proj = nn.Linear(cfg.ffn_dim, cfg.d_model, bias=False)
         self.act = Probe("mlp_act")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -330,7 +330,7 @@ class LM(nn.Module):
         start = cache.length if cache is not None else 0
         self._check_input(input_ids, start)
         T = input_ids.shape[1]
-        cos, sin = rope_cos_sin(start + T, self.config.dim_head, self.config.rope_theta, input_ids.device)
+        cos, sin = rope_cos_sin(start + T, self.config.head_dim, self.config.rope_theta, input_ids.device)
         cos, sin = cos[start:], sin[start:]
         x = self.embed(input_ids)
         for block in self.layers:

@@ -363,7 +363,7 @@ def check_checkpoint(path: str, scheme: Scheme) -> None:
         raise ValueError(f"{path} is already quantized; sweep its float checkpoint")
     cfg = read_model_config(path)
     if scheme.group_size is not None:
-        widths = sorted({cfg.d_model, cfg.q_dim, cfg.dim_ffn})
+        widths = sorted({cfg.d_model, cfg.q_dim, cfg.ffn_dim})
         if any(w % scheme.group_size for w in widths):
             raise ValueError(f"--group-size {scheme.group_size} does not divide the input widths {widths} of {path}")
 

@@ -63,16 +63,16 @@ def hf_max_logit_diff(model: LM, ids: torch.Tensor) -> float | None:
         return None
     c = model.config
     hf = LlamaForCausalLM(LlamaConfig(
-        vocab_size=c.vocab_size, hidden_size=c.d_model, intermediate_size=c.dim_ffn,
-        num_hidden_layers=c.n_layers, num_attention_heads=c.n_heads, num_key_value_heads=c.kv_heads,
-        head_dim=c.dim_head, max_position_embeddings=c.max_seq_len, rms_norm_eps=c.norm_eps,
+        vocab_size=c.vocab_size, hidden_size=c.d_model, intermediate_size=c.ffn_dim,
+        num_hidden_layers=c.n_layers, num_attention_heads=c.n_heads, num_key_value_heads=c.n_kv_heads,
+        head_dim=c.head_dim, max_position_embeddings=c.max_seq_len, rms_norm_eps=c.norm_eps,
         rope_theta=c.rope_theta, tie_word_embeddings=c.tie_embeddings)).eval()
     state = {"model.embed_tokens.weight": model.embed.weight, "model.norm.weight": model.norm.weight,
              "lm_head.weight": model.head.weight}
     for i, b in enumerate(model.layers):
         p = f"model.layers.{i}."
         state[p + "self_attn.q_proj.weight"] = unpermute_rope_rows(b.attn.q_proj.weight, c.n_heads)
-        state[p + "self_attn.k_proj.weight"] = unpermute_rope_rows(b.attn.k_proj.weight, c.kv_heads)
+        state[p + "self_attn.k_proj.weight"] = unpermute_rope_rows(b.attn.k_proj.weight, c.n_kv_heads)
         state[p + "self_attn.v_proj.weight"] = b.attn.v_proj.weight
         state[p + "self_attn.o_proj.weight"] = b.attn.out_proj.weight
         for name in ("gate_proj", "up_proj", "down_proj"):

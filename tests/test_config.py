@@ -20,12 +20,12 @@ def test_matched_pairs_have_equal_projection_shapes_and_close_parameter_counts(p
     tr = ModelConfig.preset(preset, arch="transformer")
     diff = ModelConfig.preset(preset, arch="diff")
     assert diff == tr.matched("diff") and diff.matched("transformer") == tr
-    assert diff.n_heads * 2 == tr.n_heads and diff.dim_head == tr.dim_head
+    assert diff.n_heads * 2 == tr.n_heads and diff.head_dim == tr.head_dim
     assert (diff.q_dim, diff.kv_dim) == (tr.q_dim, tr.kv_dim)
     if preset == "base":  # too big to build in a unit test; the shapes above decide the count
         return
     n_tr, n_diff = num_params(build_model(tr)), num_params(build_model(diff))
-    extra_per_layer = 4 * tr.dim_head + 2 * tr.dim_head  # λ vectors + subln weight
+    extra_per_layer = 4 * tr.head_dim + 2 * tr.head_dim  # λ vectors + subln weight
     assert n_diff - n_tr == tr.n_layers * extra_per_layer
     assert abs(n_diff - n_tr) / n_tr < 0.005
 
@@ -44,7 +44,7 @@ def test_xs_is_the_stories260k_shape_and_s_reaches_the_papers_lambda_range():
     assert all(getattr(xs, f) == getattr(real, f) for f in same) and xs.max_seq_len == 512
     assert 255_000 < num_params(build_model(xs)) < 265_000  # stories260K ties its head (llama2.c)
     s = ModelConfig.preset("s", arch="diff")
-    assert (s.d_model, s.n_layers, s.dim_head, s.vocab_size) == (128, 8, 16, 512)
+    assert (s.d_model, s.n_layers, s.head_dim, s.vocab_size) == (128, 8, 16, 512)
     assert s.lambda_init_at(7) == pytest.approx(0.73, abs=0.01)
 
 

@@ -65,8 +65,8 @@ def _unpermute(w: torch.Tensor, heads: int) -> torch.Tensor:
 
 def test_config_read_from_the_file(stories):
     c = stories.config
-    assert (c.vocab_size, c.d_model, c.n_layers, c.n_heads, c.kv_heads, c.dim_head) == (512, 64, 5, 8, 4, 8)
-    assert (c.dim_ffn, c.max_seq_len, c.rope_theta, c.norm_eps) == (172, 2048, 10000.0, 1e-5)
+    assert (c.vocab_size, c.d_model, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim) == (512, 64, 5, 8, 4, 8)
+    assert (c.ffn_dim, c.max_seq_len, c.rope_theta, c.norm_eps) == (172, 2048, 10000.0, 1e-5)
     assert c.arch == "transformer" and not c.tie_embeddings  # the file stores output.weight
     assert not stories.training
 
@@ -82,7 +82,7 @@ def test_interleaved_rope_needs_no_permutation(stories, sp):
     with torch.no_grad():
         for block in wrong.layers:
             block.attn.q_proj.weight.copy_(_unpermute(block.attn.q_proj.weight, wrong.config.n_heads))
-            block.attn.k_proj.weight.copy_(_unpermute(block.attn.k_proj.weight, wrong.config.kv_heads))
+            block.attn.k_proj.weight.copy_(_unpermute(block.attn.k_proj.weight, wrong.config.n_kv_heads))
     out = greedy_generate(wrong, torch.tensor([[sp.bos_id]]), 32)
     assert not sp.decode(out[0].tolist()).startswith(DOCUMENTED_SAMPLE)
 
@@ -180,13 +180,13 @@ def _write(path, model, arch="llama", dtype=np.float32, kv=None, tensors=None, q
     w.add_context_length(cfg.max_seq_len)
     w.add_embedding_length(cfg.d_model)
     w.add_block_count(cfg.n_layers)
-    w.add_feed_forward_length(cfg.dim_ffn)
+    w.add_feed_forward_length(cfg.ffn_dim)
     w.add_head_count(cfg.n_heads)
-    w.add_head_count_kv(cfg.kv_heads)
+    w.add_head_count_kv(cfg.n_kv_heads)
     if eps:
         w.add_layer_norm_rms_eps(cfg.norm_eps)
     w.add_rope_freq_base(cfg.rope_theta)
-    w.add_rope_dimension_count(cfg.dim_head)
+    w.add_rope_dimension_count(cfg.head_dim)
     for key, value in (kv or {}).items():
         getattr(w, key)(value)
     for name, t in {**_gguf_tensors(model), **(tensors or {})}.items():

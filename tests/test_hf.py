@@ -109,7 +109,7 @@ def test_diff_folder_without_its_sidecar_keeps_the_fold(tmp_path, caplog):
     (tmp_path / "hf" / SIDECAR_FILE).unlink()
     back = load_checkpoint(tmp_path / "hf")
     assert "stays folded" in caplog.text
-    assert torch.equal(back.layers[0].attn.subln.weight, torch.ones(2 * model.config.dim_head))
+    assert torch.equal(back.layers[0].attn.subln.weight, torch.ones(2 * model.config.head_dim))
     ids = torch.randint(0, model.config.vocab_size, (2, 24))
     with torch.no_grad():
         gap = (back(ids) - model(ids)).abs().max().item()

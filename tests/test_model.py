@@ -34,7 +34,7 @@ def ref_softmax_causal(scores):
 
 def ref_attention(p, cfg, x, layer):
     """One sequence x (T, D). Sub-head 2i = Q1 of head i, 2i+1 = Q2; kv head g serves heads g·n_rep..."""
-    d, H, K = cfg.dim_head, cfg.n_heads, cfg.kv_heads
+    d, H, K = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
     pre = f"layers.{layer}.attn."
     Q, Kx, V = x @ p[pre + "q_proj.weight"].T, x @ p[pre + "k_proj.weight"].T, x @ p[pre + "v_proj.weight"].T
     n_rep = H // K
@@ -148,16 +148,16 @@ def test_lambda_init_per_layer():
 def test_probe_names_and_shapes(arch):
     cfg = tiny_config(arch, n_kv_heads=2)
     model = build_model(cfg)
-    B, T, H, d = 2, 9, cfg.n_heads, cfg.dim_head
+    B, T, H, d = 2, 9, cfg.n_heads, cfg.head_dim
     seen = {}
     with hooked(model, lambda name, probe, x, call: seen.__setitem__(name, tuple(x.shape))):
         model(torch.randint(0, cfg.vocab_size, (B, T)))
     s = 2 if arch == "diff" else 1
     maps = (B, H, 2, T, T) if arch == "diff" else (B, H, T, T)
     expected = {
-        "layers.1.attn.q": (B, H * s, T, d), "layers.1.attn.k": (B, cfg.kv_heads * s, T, d),
+        "layers.1.attn.q": (B, H * s, T, d), "layers.1.attn.k": (B, cfg.n_kv_heads * s, T, d),
         "layers.1.attn.logits": maps, "layers.1.attn.probs": maps,
-        "layers.1.mlp.act": (B, T, cfg.dim_ffn), "layers.1.out": (B, T, cfg.d_model),
+        "layers.1.mlp.act": (B, T, cfg.ffn_dim), "layers.1.out": (B, T, cfg.d_model),
     }
     if arch == "diff":
         expected["layers.1.attn.diff"] = (B, H, T, T)

@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
             "per_layer": num_params(model.layers[0]),
         },
         "heads": {
-            "heads": cfg.n_heads, "kv_heads": cfg.kv_heads, "head_dim": cfg.dim_head,
+            "heads": cfg.n_heads, "kv_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim,
             "sub_heads_per_head": cfg.sub_heads_per_head,
         },
     }

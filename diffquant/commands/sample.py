@@ -16,7 +16,8 @@ def register(sub) -> None:
     p.add_argument("--batch-size", type=int, default=256, help="stories decoded at once (part of the seed's meaning)")
     p.add_argument("--max-len", type=int, default=512, help="longest story in tokens, BOS included")
     p.add_argument("--shard-tokens", type=int, default=None, help="tokens per shard (default 2^21)")
-    p.add_argument("--threads", type=int, default=2, help="torch CPU threads (the bytes do not depend on it)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default: torch's; the bytes do not depend on it)")
     p.set_defaults(func=run)
 
 
@@ -25,7 +26,8 @@ def run(args: argparse.Namespace) -> int:
 
     from ..sample import DEFAULT_SHARD_TOKENS, sample_corpus
 
-    torch.set_num_threads(args.threads)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     command = "diffquant " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["sample"] else None
     manifest = sample_corpus(args.checkpoint, args.out, args.tokens, seed=args.seed, batch_size=args.batch_size,
                              max_len=args.max_len, shard_tokens=args.shard_tokens or DEFAULT_SHARD_TOKENS,
