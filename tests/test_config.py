@@ -96,3 +96,15 @@ def test_unknown_preset_and_unknown_json_field():
     data["n_expert"] = 8
     with pytest.raises(ValueError, match="unknown config fields: n_expert"):
         ModelConfig.from_dict(data)
+
+
+def test_sizes_are_always_concrete_and_old_configs_with_nulls_load():
+    for name in ("tiny", "small", "xs", "s"):
+        for arch in ("transformer", "diff", "gated", "clipped"):
+            cfg = ModelConfig.preset(name, arch=arch)
+            assert all(isinstance(getattr(cfg, f), int) for f in ("head_dim", "n_kv_heads", "ffn_dim"))
+    old = {"arch": "diff", "vocab_size": 100, "d_model": 64, "n_layers": 2, "n_heads": 2, "n_kv_heads": None,
+           "head_dim": None, "ffn_dim": None}
+    cfg = ModelConfig.from_dict(old)
+    assert (cfg.head_dim, cfg.n_kv_heads, cfg.ffn_dim) == (16, 2, default_ffn_dim(64))
+    assert ModelConfig.from_dict(cfg.to_dict()) == cfg
