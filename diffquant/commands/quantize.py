@@ -29,7 +29,7 @@ def register(sub) -> None:
     p.add_argument("--act-bits", type=int, default=None, help="quantize every block Linear's input (2..16)")
     p.add_argument("--act-granularity", default="token", choices=["token", "tensor"])
     p.add_argument("--logit-bits", type=int, default=None, help="quantize the attention logits (2..16)")
-    p.add_argument("--logit-granularity", default="tensor", choices=["tensor", "head", "row"])
+    p.add_argument("--logit-granularity", default="tensor", choices=["tensor", "head", "head_map", "row"])
     p.add_argument("--calib-tokens", type=int, default=DEFAULT_CALIB_TOKENS, help="GPTQ calibration tokens")
     p.add_argument("--calib-seq-len", type=int, default=None, help="default: min(256, the model's max_seq_len)")
     p.add_argument("--tokenizer", default=None, help="tokenizer for the calibration text (default: the checkpoint's)")

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from diffquant.probes import ATTENTION_KINDS, Probe
-from diffquant.quant.config import ActQuant
+from diffquant.quant.config import HEAD_GRANULARITIES, ActQuant
 from diffquant.quant.numerics import PerAxis, fake_quantize
 
 __all__ = ["ATTENTION_KINDS", "InputQuantLinear", "QuantProbe", "act_granularity", "quantize_activation"]
@@ -29,9 +29,9 @@ __all__ = ["ATTENTION_KINDS", "InputQuantLinear", "QuantProbe", "act_granularity
 def act_granularity(granularity: str, ndim: int, kind: str | None = None) -> PerAxis:
     """The explicit reduction of a probe-level granularity for a tensor of ``ndim`` dims (dim 0 = batch).
 
-    "tensor" keeps dim 0 (per sequence); "row"/"token" keep every dim but the last; "head" keeps (batch, head)
-    and, for Diff attention maps [B, H, 2, T, S], the map index too (one scale per sub-head, like the
-    matched Transformer's heads).
+    "tensor" keeps dim 0 (per sequence); "row"/"token" keep every dim but the last; "head" keeps (batch, head):
+    for Diff attention maps [B, H, 2, T, S] both maps of a head share the scale; "head_map" keeps the map index
+    too (one scale per map, like the matched Transformer's heads; the same as "head" for every other tensor).
     """
     if ndim < 2:
         raise ValueError(f"activation quantization needs a batch dim and a feature dim, got a {ndim}-d tensor")
@@ -39,11 +39,12 @@ def act_granularity(granularity: str, ndim: int, kind: str | None = None) -> Per
         return PerAxis((0,))
     if granularity in ("row", "token"):
         return PerAxis(tuple(range(ndim - 1)))
-    if granularity == "head":
+    if granularity in HEAD_GRANULARITIES:
         if kind not in ATTENTION_KINDS:
-            raise ValueError(f"granularity 'head' applies to attention probes only, not to {kind or 'this tensor'}")
+            raise ValueError(f"granularity {granularity!r} applies to attention probes only, "
+                             f"not to {kind or 'this tensor'}")
         diff_maps = kind in ("attn_logits", "attn_probs") and ndim == 5
-        return PerAxis((0, 1, 2) if diff_maps else (0, 1))
+        return PerAxis((0, 1, 2) if diff_maps and granularity == "head_map" else (0, 1))
     raise ValueError(f"unknown activation granularity {granularity!r}")
 
 
@@ -63,7 +64,7 @@ class QuantProbe(Probe):
         super().__init__(kind)
         if not isinstance(act, ActQuant):
             raise ValueError(f"QuantProbe needs an ActQuant, got {type(act).__name__}")
-        act_granularity(act.granularity, 5, kind)  # refuse 'head' on non-attention kinds now, not mid-forward
+        act_granularity(act.granularity, 5, kind)  # refuse 'head' / 'head_map' on non-attention kinds now, not mid-forward
         self.act = act
 
     @classmethod
@@ -71,7 +72,7 @@ class QuantProbe(Probe):
         return cls(probe.kind, act)
 
     def forward(self, x: torch.Tensor, q_offset: int = 0) -> torch.Tensor:
-        if q_offset and self.causal and self.act.granularity in ("tensor", "head"):
+        if q_offset and self.causal and self.act.granularity in ("tensor", *HEAD_GRANULARITIES):
             # With query chunks a per-sequence scale would only see one chunk: results would depend on chunking.
             raise RuntimeError(
                 f"{self.kind} quantization with granularity {self.act.granularity!r} needs unchunked eager "

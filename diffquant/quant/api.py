@@ -23,7 +23,7 @@ from torch import nn
 
 from diffquant.probes import probes
 from diffquant.quant.act import InputQuantLinear, QuantProbe
-from diffquant.quant.config import QuantConfig, WeightQuant
+from diffquant.quant.config import HEAD_GRANULARITIES, QuantConfig, WeightQuant
 from diffquant.quant.gptq import gptq_quantize_
 from diffquant.quant.linear import QuantEmbedding, QuantLinear, _PackedWeight
 
@@ -136,7 +136,7 @@ def _check_before_changes(model, config: QuantConfig, linears, embeddings, batch
     if missing:
         raise ValueError(f"the model has no {', '.join(missing)} probes (only diffquant models expose them)")
     chunked = any(getattr(m, "chunk", None) for m in model.modules())
-    coarse = any(a.granularity in ("tensor", "head") for k, a in targets.items() if k.startswith("attn_"))
+    coarse = any(a.granularity in ("tensor", *HEAD_GRANULARITIES) for k, a in targets.items() if k.startswith("attn_"))
     if chunked and coarse:
         raise ValueError("per-tensor/per-head attention quantization needs unchunked eager attention "
                          "(set_attn_impl('eager', chunk=None)) or granularity 'row'")

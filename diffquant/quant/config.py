@@ -10,7 +10,9 @@ the dynamic quantizers at probes and Linear inputs::
 Activation granularities (scales are always per sequence at least, so results never depend on batch size):
 
 * ``"tensor"``: one scale per sequence (batch element) per probe call;
-* ``"head"``: per sequence and head (attention probes only; for Diff per sub-head, i.e. per map);
+* ``"head"``: per sequence and head (attention probes only; both maps of a Diff head share the scale);
+* ``"head_map"``: per sequence, head and Diff map (the same as ``"head"`` for every other tensor), since one
+  nearly unused map can set a shared step size;
 * ``"row"`` / ``"token"``: per query row of an attention map / per token of a hidden vector (all dims but the
   last); the two names mean the same reduction.
 
@@ -27,11 +29,12 @@ from dataclasses import dataclass
 
 from ..io import JsonConfig
 
-__all__ = ["ACT_GRANULARITIES", "PROBE_TARGETS", "WEIGHT_METHODS", "ActQuant", "QuantConfig", "WeightQuant"]
+__all__ = ["ACT_GRANULARITIES", "HEAD_GRANULARITIES", "PROBE_TARGETS", "WEIGHT_METHODS", "ActQuant", "QuantConfig", "WeightQuant"]
 
 WEIGHT_METHODS = ("rtn", "gptq", "bnb-int8", "bnb-nf4", "bnb-fp4")
 BNB_BITS = {"bnb-int8": 8, "bnb-nf4": 4, "bnb-fp4": 4}
-ACT_GRANULARITIES = ("tensor", "head", "row", "token")
+HEAD_GRANULARITIES = ("head", "head_map")  # attention probes only
+ACT_GRANULARITIES = ("tensor", *HEAD_GRANULARITIES, "row", "token")
 # QuantConfig field -> probe kinds it quantizes (``activations`` = the inputs of the selected Linear layers).
 PROBE_TARGETS: dict[str, tuple[str, ...]] = {
     "logits": ("attn_logits",),
@@ -130,7 +133,8 @@ class ActQuant:
     """Dynamic (per forward) integer quantization of an activation: absmax (or min/max) per slice.
 
     bits: 2..16; 16 means unquantized (the paper's convention) unless ``unquantized_at_16=False``.
-    granularity: "tensor" (per sequence), "head" (per sequence and head), "row" / "token" (per vector).
+    granularity: "tensor" (per sequence), "head" (per sequence and head), "head_map" (per
+    sequence, head and Diff map), "row" / "token" (per vector).
     """
 
     bits: int = 8
@@ -178,8 +182,8 @@ class QuantConfig(JsonConfig):
                 raise ValueError(f"{name} must be an ActQuant or None, got {type(value).__name__}")
         for name in ("hidden", "activations"):
             value = getattr(self, name)
-            if value is not None and value.granularity == "head":
-                raise ValueError(f"granularity 'head' applies to attention probes only, not to {name}")
+            if value is not None and value.granularity in HEAD_GRANULARITIES:
+                raise ValueError(f"granularity {value.granularity!r} applies to attention probes only, not to {name}")
         if self.activations is not None and self.weights is not None and self.weights.is_bnb:
             raise ValueError(f"{self.weights.method} brings its own activation handling; drop activations")
 

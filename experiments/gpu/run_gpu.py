@@ -22,7 +22,7 @@ Steps (each phase has a deadline; the script stops gracefully and evaluates what
    cooled pair then contributes its latest stable pair (marked ``stable``, not cooled).
 3. **Verdicts** on every pair, largest budget of each group first, while time lasts: the Table-5 profile
    (all ~100K tokens of the real cased TinyStories held-out text, global protocol; ``table5/PAIR.json``), the
-   Figure-8 sweep of the attention logits at 16/8/6/4 bits with per-sequence ("tensor") and per-head scales on
+   Figure-8 sweep of the attention logits at 16/8/6/4 bits with the three scale granularities below on
    that text and on the held-out books (``figure8/PAIR.jsonl``), and issue 13's gate per pair: Transformer logit
    top-1 ≥ 100 and 4-bit per-sequence logits at least doubling its TinyStories perplexity.
 4. **Outputs** under ``--out``: ``pairs.json`` (every pair's numbers), ``gate.md``, ``table5.md``, ``figure8.md``,
@@ -30,10 +30,9 @@ Steps (each phase has a deadline; the script stops gracefully and evaluates what
    trend over budgets and sizes), ``trend.png`` and ``summary.json`` (plan, timings, throughput, what the guard
    skipped).
 
-Granularities: ``ActQuant`` offers "tensor" (one scale per sequence; both Diff maps share it) and "head" (per
-sequence and head — for Diff per sub-head, i.e. per head *and* map, which equals the Transformer's per-head
-scale). Issue 13's third variant, per Diff head with both maps sharing one scale, does not exist in
-``diffquant.quant`` and is not run. Zero-shot tasks are left out: models of 0.26-1.5M parameters are at chance.
+Granularities: issue 13's three — "tensor" (one scale per sequence; both Diff maps share it), "head" (per
+sequence and head; both maps of a Diff head share it) and "head_map" (per head and Diff map, which equals the
+Transformer's per-head scale). Zero-shot tasks are left out: models of 0.26-1.5M parameters are at chance.
 
 Planned sizes (no GPU was available when this was written; every number below is an estimate, and the guard
 keeps the script inside 12 minutes whatever the real speed):
@@ -92,7 +91,7 @@ log = logging.getLogger("run_gpu")
 
 ARCHS = ("transformer", "diff")
 BITS = (16, 8, 6, 4)
-GRANULARITIES = ("tensor", "head")  # per sequence; per sequence and head (Diff: per head and map)
+GRANULARITIES = ("tensor", "head", "head_map")  # per sequence; per head (Diff maps share); per head and map
 GATE_LOGIT_TOP1, GATE_PPL_FACTOR = 100.0, 2.0  # issue 13's outlier-regime gate
 GATE_TASK = "tinystories"
 NO_DECAY = 10**9  # the stable run's decay_start: each cooldown branch sets its own

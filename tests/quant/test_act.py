@@ -48,20 +48,23 @@ def test_granularities_map_to_explicit_reductions():
     assert act_granularity("tensor", 4) == PerAxis((0,))
     assert act_granularity("row", 5) == act_granularity("token", 5) == PerAxis((0, 1, 2, 3))
     assert act_granularity("head", 4, "attn_logits") == PerAxis((0, 1))
-    assert act_granularity("head", 5, "attn_logits") == PerAxis((0, 1, 2))  # Diff: per head and map
-    assert act_granularity("head", 4, "attn_q") == PerAxis((0, 1))
-    with pytest.raises(ValueError, match="attention probes only"):
-        act_granularity("head", 3, "hidden")
+    assert act_granularity("head", 5, "attn_logits") == PerAxis((0, 1))  # Diff: both maps share the scale
+    assert act_granularity("head_map", 5, "attn_logits") == PerAxis((0, 1, 2))  # Diff: per head and map
+    assert act_granularity("head_map", 4, "attn_logits") == act_granularity("head", 4, "attn_logits")
+    assert act_granularity("head", 4, "attn_q") == act_granularity("head_map", 4, "attn_q") == PerAxis((0, 1))
+    for granularity in ("head", "head_map"):
+        with pytest.raises(ValueError, match="attention probes only"):
+            act_granularity(granularity, 3, "hidden")
     with pytest.raises(ValueError, match="attention probes only"):
         QuantProbe("hidden", ActQuant(8, "head"))
 
 
-@pytest.mark.parametrize("granularity, keep", [("tensor", 1), ("head", None), ("row", None)])
+@pytest.mark.parametrize("granularity, keep", [("tensor", 1), ("head", 2), ("head_map", None), ("row", None)])
 def test_logit_quantizer_matches_a_loop_reference_over_kept_entries(arch, granularity, keep):
     x = 3 * torch.randn(logits_shape(arch))
     probe = QuantProbe("attn_logits", ActQuant(4, granularity))
     mask = probe.causal_mask(x)
-    keep = keep or {"head": 3 if arch == "diff" else 2, "row": x.ndim - 1}[granularity]
+    keep = keep or {"head_map": 3 if arch == "diff" else 2, "row": x.ndim - 1}[granularity]
     assert torch.equal(probe(x), reference_absmax(x, 4, keep, mask))
 
 
