@@ -8,11 +8,11 @@ A sweep (:mod:`diffquant.sweep`) writes one record per (checkpoint, quantization
   accuracies (:func:`~diffquant.evaluate.paired_bootstrap` on per-item correctness, plus the exact McNemar p),
   over windows for perplexity (:func:`~diffquant.evaluate.paired_bootstrap_ppl`; LAMBADA's perplexity is
   ``exp(-mean item log-likelihood)``, i.e. windows of one token-weight per item);
-* :func:`comparison_rows` sets a Diff model against a Transformer at the same scheme, task and bits: the
-  difference of their degradations with a joint bootstrap interval (the same items / windows in all four
-  runs). It is reported as the **Diff advantage**: positive = Diff lost less. For accuracy it is
-  ``Δacc(Diff) − Δacc(Transformer)`` (:func:`~diffquant.evaluate.difference_of_degradations`); for
-  perplexity, ``Δloss(Transformer) − Δloss(Diff)`` with ``Δloss = ln(ppl_q / ppl_16)`` in nats per token,
+* :func:`comparison_rows` sets each other arm (Diff, gated, clipped) against a Transformer at the same scheme,
+  task and bits: the difference of their degradations with a joint bootstrap interval (the same items / windows
+  in all four runs). It is reported as the other arm's **advantage**: positive = it lost less. For accuracy it
+  is ``Δacc(other) − Δacc(Transformer)`` (:func:`~diffquant.evaluate.difference_of_degradations`); for
+  perplexity, ``Δloss(Transformer) − Δloss(other)`` with ``Δloss = ln(ppl_q / ppl_16)`` in nats per token,
   which is scale-free, so models with different base perplexities compare fairly;
 * :func:`render_report` prints them (markdown / latex: one wide table per scheme, columns = bits from 16 down,
   accuracies in %; csv: one tidy row per number, raw values) and :func:`plot_degradation` draws the curves.
@@ -266,16 +266,17 @@ def degradation_rows(records: Sequence[dict], metrics: Sequence[str] | None = No
 
 @dataclass
 class Comparison:
-    """Diff against Transformer at one scheme, task, metric and bits; ``advantage`` > 0: Diff lost less."""
+    """A candidate arm (Diff, gated, clipped) against the Transformer at one scheme, task, metric and bits;
+    ``advantage`` > 0: the candidate lost less."""
 
     scheme: str
     task: str
     metric: str
     bits: int
     transformer: str
-    diff: str
+    candidate: str
     delta_transformer: float  # accuracy: Δacc; perplexity: Δloss = ln(ppl_q / ppl_16)
-    delta_diff: float
+    delta_candidate: float
     advantage: float
     low: float
     high: float
@@ -284,7 +285,7 @@ class Comparison:
 
 def comparison_rows(records: Sequence[dict], metrics: Sequence[str] | None = None, n_boot: int = 10000,
                     seed: int = 0) -> list[Comparison]:
-    """Every (Transformer, Diff) pair measured at the same scheme, task (items), metric and quantized bits."""
+    """Every (Transformer, other arm) pair measured at the same scheme, task (items), metric and quantized bits."""
     check_metrics(records, metrics)
     records = _unique_labels(records)
     base = _baselines(records)
@@ -299,7 +300,7 @@ def comparison_rows(records: Sequence[dict], metrics: Sequence[str] | None = Non
     out = []
     for (scheme, _, _, _, bits), by_arch in groups.items():
         for qt in by_arch.get("transformer", []):
-            for qd in by_arch.get("diff", []):
+            for qd in (r for arch, rs in by_arch.items() if arch != "transformer" for r in rs):
                 bt, bd = base[baseline_key(qt)], base[baseline_key(qd)]
                 for metric in _selected_metrics(qt, metrics):
                     row = _compare(bt, qt, bd, qd, metric, n_boot, seed)
@@ -319,7 +320,7 @@ def _compare(bt, qt, bd, qd, metric: str, n_boot: int, seed: int) -> dict | None
         (a0, a1), (b0, b1) = (paired_arrays(bt["metrics"], qt["metrics"], key),
                               paired_arrays(bd["metrics"], qd["metrics"], key))
         d = difference_of_degradations(a0, a1, b0, b1, n=n_boot, seed=seed)
-        return {"delta_transformer": d["delta_a"], "delta_diff": d["delta_b"], "advantage": d["difference"],
+        return {"delta_transformer": d["delta_a"], "delta_candidate": d["delta_b"], "advantage": d["difference"],
                 "low": d["low"], "high": d["high"], "n": d["n_items"]}
     windows = [np.asarray(_windows(r, metric), dtype=np.float64) for r in (bt, qt, bd, qd)]
     return _loss_advantage(*windows, n_boot=n_boot, seed=seed)
@@ -353,7 +354,7 @@ def _loss_advantage(bt, qt, bd, qd, n_boot: int, seed: int, level: float = 0.95)
     low, high = np.percentile(np.concatenate(values), [tail, 100 - tail])
     total = tokens.sum()
     return {"delta_transformer": float((qt[:, 0] - bt[:, 0]).sum() / total),
-            "delta_diff": float((qd[:, 0] - bd[:, 0]).sum() / total),
+            "delta_candidate": float((qd[:, 0] - bd[:, 0]).sum() / total),
             "advantage": float(gain.sum() / total), "low": float(low), "high": float(high), "n": int(m)}
 
 
@@ -415,10 +416,10 @@ def comparison_table(rows: Sequence[Comparison], fmt: str = "markdown") -> str:
     body = []
     for r in rows:
         unit = f"{r.metric} (pp)" if _is_acc(r.metric) else f"{r.metric} (Δ ln ppl)"
-        d = [format_advantage(v, r.metric) for v in (r.delta_transformer, r.delta_diff, r.advantage, r.low, r.high)]
-        body.append([r.task, unit, str(r.bits), f"{r.transformer} vs {r.diff}", d[0], d[1], f"{d[2]} [{d[3]}, {d[4]}]",
+        d = [format_advantage(v, r.metric) for v in (r.delta_transformer, r.delta_candidate, r.advantage, r.low, r.high)]
+        body.append([r.task, unit, str(r.bits), f"{r.transformer} vs {r.candidate}", d[0], d[1], f"{d[2]} [{d[3]}, {d[4]}]",
                      str(r.n)])
-    header = ["task", "metric", "bits", "models", "Transformer Δ", "Diff Δ", "Diff advantage [95% CI]", "n"]
+    header = ["task", "metric", "bits", "models", "Transformer Δ", "other Δ", "other's advantage [95% CI]", "n"]
     return _render(header, body, fmt)
 
 
@@ -475,7 +476,7 @@ def csv_rows(cells: Sequence[Cell], comparisons: Sequence[Comparison]) -> list[l
     :data:`CSV_HEADER`."""
     rows = [["degradation", c.scheme, c.model, c.arch, c.task, c.metric, c.bits,
              math.nan if c.value is None else c.value, c.delta, c.low, c.high, c.p, c.n] for c in cells]
-    rows += [["diff_vs_transformer", r.scheme, f"{r.diff} vs {r.transformer}", "diff-transformer", r.task, r.metric,
+    rows += [["vs_transformer", r.scheme, f"{r.candidate} vs {r.transformer}", None, r.task, r.metric,
               r.bits, None, r.advantage, r.low, r.high, None, r.n] for r in comparisons]
     return rows
 

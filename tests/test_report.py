@@ -164,7 +164,7 @@ def test_comparison_equals_difference_of_degradations(records):
     expected = difference_of_degradations(*arrays)
     (row,) = [c for c in comps if c.bits == 4 and c.scheme == "attn_logits/tensor" and c.metric == "acc"
               and c.task.startswith("copa")]
-    assert (row.delta_transformer, row.delta_diff, row.advantage, row.low, row.high) == (
+    assert (row.delta_transformer, row.delta_candidate, row.advantage, row.low, row.high) == (
         expected["delta_a"], expected["delta_b"], expected["difference"], expected["low"], expected["high"])
 
 
@@ -175,7 +175,7 @@ def test_perplexity_comparison_is_the_log_ratio_of_perplexities(records):
         dt, dd = (math.log(recs[a]["metrics"]["perplexity"] / _baseline(records, recs[a])["metrics"]["perplexity"])
                   for a in ("transformer", "diff"))
         assert row.delta_transformer == pytest.approx(dt, abs=1e-12)
-        assert row.delta_diff == pytest.approx(dd, abs=1e-12)
+        assert row.delta_candidate == pytest.approx(dd, abs=1e-12)
         assert row.advantage == pytest.approx(dt - dd, abs=1e-12) and row.low <= row.advantage <= row.high
 
 
