@@ -281,6 +281,7 @@ class Comparison:
     low: float
     high: float
     n: int
+    candidate_arch: str  # diff, gated or clipped
 
 
 def comparison_rows(records: Sequence[dict], metrics: Sequence[str] | None = None, n_boot: int = 10000,
@@ -306,7 +307,7 @@ def comparison_rows(records: Sequence[dict], metrics: Sequence[str] | None = Non
                     row = _compare(bt, qt, bd, qd, metric, n_boot, seed)
                     if row is not None:
                         out.append(Comparison(scheme, task_label(qt), metric, bits, model_label(qt),
-                                              model_label(qd), **row))
+                                              model_label(qd), **row, candidate_arch=qd["arch"]))
     return out
 
 
@@ -416,9 +417,10 @@ def comparison_table(rows: Sequence[Comparison], fmt: str = "markdown") -> str:
     body = []
     for r in rows:
         unit = f"{r.metric} (pp)" if _is_acc(r.metric) else f"{r.metric} (Δ ln ppl)"
-        d = [format_advantage(v, r.metric) for v in (r.delta_transformer, r.delta_candidate, r.advantage, r.low, r.high)]
-        body.append([r.task, unit, str(r.bits), f"{r.transformer} vs {r.candidate}", d[0], d[1], f"{d[2]} [{d[3]}, {d[4]}]",
-                     str(r.n)])
+        d = [format_advantage(v, r.metric)
+             for v in (r.delta_transformer, r.delta_candidate, r.advantage, r.low, r.high)]
+        body.append([r.task, unit, str(r.bits), f"{r.transformer} vs {r.candidate}", d[0], d[1],
+                     f"{d[2]} [{d[3]}, {d[4]}]", str(r.n)])
     header = ["task", "metric", "bits", "models", "Transformer Δ", "other Δ", "other's advantage [95% CI]", "n"]
     return _render(header, body, fmt)
 

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from diffquant.regime import GRANULARITIES
+
 SCRIPT = Path(__file__).resolve().parent.parent / "experiments" / "gpu" / "run_gpu.py"
 
 
@@ -49,7 +51,7 @@ def test_dry_run_samples_trains_and_evaluates_every_pair(script, dry_run):
         assert table5["diff"]["sites"]["attn_logits"]["count"] > 0
         records = [json.loads(line) for line in (out / "figure8" / f"{pair['pair']}.jsonl").read_text().splitlines()]
         tasks = len(script.DRY.sweep_limits)
-        assert len(records) == 2 * tasks * (1 + 3 * len(script.GRANULARITIES))  # models x tasks x (16 + bits x gran.)
+        assert len(records) == 2 * tasks * (1 + 3 * len(GRANULARITIES))  # models x tasks x (16 + bits x gran.)
     for name in ("gate.md", "seeds.md", "table5.md", "figure8.md", "trend.png", "summary.json"):
         assert (out / name).stat().st_size > 0
 

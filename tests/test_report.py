@@ -305,3 +305,14 @@ def make_fixture(out: Path = FIXTURE) -> None:
 
 if __name__ == "__main__":
     make_fixture()
+
+
+def test_every_other_arm_is_set_against_the_transformer(records):
+    """A gated model's records (the Diff records relabelled) compare exactly as the Diff ones do."""
+    gated = [dict(r, arch="gated", checkpoint=r["checkpoint"] + "-gated", label=(r.get("label") or "d") + "-g")
+             for r in records if r["arch"] == "diff"]
+    comps = comparison_rows(records + gated)
+    by_arm = {arm: {(c.scheme, c.task, c.metric, c.bits): (c.advantage, c.low, c.high)
+                    for c in comps if c.candidate_arch == arm} for arm in ("diff", "gated")}
+    assert by_arm["diff"] and by_arm["gated"] == by_arm["diff"]
+    assert {c.candidate_arch for c in comparison_rows(records)} == {"diff"}

@@ -64,7 +64,7 @@ class QuantProbe(Probe):
         super().__init__(kind)
         if not isinstance(act, ActQuant):
             raise ValueError(f"QuantProbe needs an ActQuant, got {type(act).__name__}")
-        act_granularity(act.granularity, 5, kind)  # refuse 'head' / 'head_map' on non-attention kinds now, not mid-forward
+        act_granularity(act.granularity, 5, kind)  # refuse head granularities on other kinds now, not mid-forward
         self.act = act
 
     @classmethod

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 
 from ..io import JsonConfig
 
-__all__ = ["ACT_GRANULARITIES", "HEAD_GRANULARITIES", "PROBE_TARGETS", "WEIGHT_METHODS", "ActQuant", "QuantConfig", "WeightQuant"]
+__all__ = ["ACT_GRANULARITIES", "HEAD_GRANULARITIES", "PROBE_TARGETS", "WEIGHT_METHODS", "ActQuant", "QuantConfig",
+           "WeightQuant"]
 
 WEIGHT_METHODS = ("rtn", "gptq", "bnb-int8", "bnb-nf4", "bnb-fp4")
 BNB_BITS = {"bnb-int8": 8, "bnb-nf4": 4, "bnb-fp4": 4}

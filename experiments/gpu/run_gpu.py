@@ -71,29 +71,31 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from scipy.stats import binomtest
 
-from diffquant.checkpoint import load_checkpoint
 from diffquant.config import ModelConfig
 from diffquant.corpus import heldout_ids, load_corpus
 from diffquant.gguf import stories260k_path
 from diffquant.io import atomic_write_text
-from diffquant.plots import plot_over_training
-from diffquant.profile import profile, token_batches
-from diffquant.report import comparison_rows, read_records, render_report
+from diffquant.regime import (
+    figure8_text,
+    gate_table,
+    over_seeds,
+    plot_trend,
+    profile_pair,
+    seeds_table,
+    sites_table,
+    sweep_pair,
+    table5_text,
+    tokens_label,
+    verdict,
+)
 from diffquant.sample import sample_corpus
-from diffquant.sweep import run_sweep
-from diffquant.tables import outlier_table, ratio_table, render
 from diffquant.tokenizer import Tokenizer
 from diffquant.train import TrainConfig, TrainingDiverged, train
 
 log = logging.getLogger("run_gpu")
 
 ARCHS = ("transformer", "diff")
-BITS = (16, 8, 6, 4)
-GRANULARITIES = ("tensor", "head", "head_map")  # per sequence; per head (Diff maps share); per head and map
-GATE_LOGIT_TOP1, GATE_PPL_FACTOR = 100.0, 2.0  # issue 13's outlier-regime gate
-GATE_TASK = "tinystories"
 NO_DECAY = 10**9  # the stable run's decay_start: each cooldown branch sets its own
 
 
@@ -231,13 +233,6 @@ class Run:
         """The stable run's saved step (0 before its first chunk)."""
         state = self.stable_dir / "state" / "trainer.json"
         return json.loads(state.read_text())["step"] if state.is_file() else 0
-
-
-def tokens_label(tokens: int) -> str:
-    for unit, size in (("B", 10**9), ("M", 10**6), ("K", 10**3)):
-        if tokens >= size:
-            return f"{tokens / size:.3g}{unit}"
-    return str(tokens)
 
 
 def branch_step(budget: int, plan: Plan) -> int:
@@ -410,55 +405,8 @@ def evaluation_order(pairs: list[dict]) -> list[dict]:
     return first + sorted((p for p in pairs if p not in first), key=lambda p: -p["tokens"])
 
 
-def profile_pair(ctx: Context, pair: dict) -> dict[str, dict]:
-    """Table-5 records of both arms on the held-out text (global protocol)."""
-    plan, records = ctx.plan, {}
-    for arch, path in pair["checkpoints"].items():
-        model = load_checkpoint(path, device=plan.device)
-        batches = token_batches(ctx.data.val, plan.seq_len, plan.eval_batch, plan.profile_tokens)
-        record = profile(model, batches, label=f"{pair['pair']}-{arch}", progress=False).data
-        records[arch] = {**record, "train_tokens": pair["tokens"]}
-    atomic_write_text(ctx.out / "table5" / f"{pair['pair']}.json", json.dumps(records, indent=1))
-    return records
-
-
-def sweep_pair(ctx: Context, pair: dict) -> list[dict]:
-    """Figure-8 records: attention logits at BITS, both granularities, each perplexity task."""
-    path = ctx.out / "figure8" / f"{pair['pair']}.jsonl"
-    for granularity in GRANULARITIES:
-        for task, limit in ctx.plan.sweep_limits.items():
-            run_sweep(list(pair["checkpoints"].values()), path, "attn_logits", bits=BITS, tasks=[task],
-                      granularity=granularity, limit=limit, batch_size=ctx.plan.eval_batch, device=ctx.plan.device,
-                      progress=False)
-    return read_records(path)
-
-
-def perplexity(records: list[dict], arch: str, bits: int, granularity: str | None, task: str) -> float | None:
-    for rec in records:
-        if (rec["arch"], rec["bits"], rec.get("granularity"), rec["task"]) == (arch, bits, granularity, task):
-            return rec["metrics"]["perplexity"]
-    return None
-
-
-def ppl_growth(records: list[dict], arch: str) -> float | None:
-    """Perplexity with 4-bit per-sequence logits over the unquantized one, on the gate's text."""
-    base = perplexity(records, arch, 16, None, GATE_TASK)
-    quant = perplexity(records, arch, 4, "tensor", GATE_TASK)
-    return quant / base if base and quant else None
-
-
-def verdict(pair: dict, table5: dict[str, dict], records: list[dict]) -> dict:
-    """The gate, the Table-5 ratios and the 4-bit degradations of one pair."""
-    top1 = {arch: table5[arch]["sites"]["attn_logits"]["top"][0] for arch in ARCHS}
-    hidden = {arch: table5[arch]["sites"]["hidden"]["top"][0] for arch in ARCHS}
-    growth = {arch: ppl_growth(records, arch) for arch in ARCHS}
-    gate = top1["transformer"] >= GATE_LOGIT_TOP1 and (growth["transformer"] or 0) >= GATE_PPL_FACTOR
-    advantages = {f"{c.scheme} {c.task}": {"advantage": c.advantage, "low": c.low, "high": c.high}
-                  for c in comparison_rows(records) if c.bits == 4}
-    return {**pair, "gate": gate, "logit_top1": top1, "hidden_top1": hidden,
-            "logit_top1_at": {arch: table5[arch]["sites"]["attn_logits"]["locations"][0] for arch in ARCHS},
-            "logit_ratio": top1["transformer"] / top1["diff"], "hidden_ratio": hidden["transformer"] / hidden["diff"],
-            "ppl_growth_4bit_tensor": growth, "advantage_4bit": advantages}
+def sweep_path(ctx: Context, pair: dict) -> Path:
+    return ctx.out / "figure8" / f"{pair['pair']}.jsonl"
 
 
 def evaluate_all(ctx: Context, pairs: list[dict]) -> tuple[list[dict], dict]:
@@ -470,89 +418,25 @@ def evaluate_all(ctx: Context, pairs: list[dict]) -> tuple[list[dict], dict]:
             ctx.skip(f"evaluation of {pair['pair']} (~{guess:.0f} s)")
             continue
         start = time.perf_counter()
-        table5[pair["pair"]] = profile_pair(ctx, pair)
-        results.append(verdict(pair, table5[pair["pair"]], sweep_pair(ctx, pair)))
+        plan = ctx.plan
+        table5[pair["pair"]] = profile_pair(pair, ctx.data.val, plan.seq_len, plan.eval_batch, plan.profile_tokens,
+                                            plan.device, out=ctx.out / "table5" / f"{pair['pair']}.json")
+        records = sweep_pair(pair, sweep_path(ctx, pair), plan.sweep_limits, plan.eval_batch, plan.device)
+        results.append(verdict(pair, table5[pair["pair"]], records))
         ctx.eval_seconds[pair["preset"]] = time.perf_counter() - start
     return results, table5
 
 
 # ------------------------------------------------------------------------------------------------ 4. outputs
 
-def sign_test(values: list[float]) -> dict:
-    """How many values are > 0 and the two-sided exact sign-test p (ties dropped)."""
-    signs = [v > 0 for v in values if v != 0]
-    p = binomtest(sum(signs), len(signs)).pvalue if signs else None
-    return {"n": len(values), "positive": sum(signs), "p": p}
-
-
-def fmt(value, digits: int = 2) -> str:
-    return "—" if value is None else f"{value:.{digits}f}"
-
-
-def gate_table(results: list[dict]) -> str:
-    rows = [[r["pair"], tokens_label(r["tokens"]), fmt(r["logit_top1"]["transformer"], 1),
-             fmt(r["logit_top1"]["diff"], 1), fmt(r["ppl_growth_4bit_tensor"]["transformer"]),
-             fmt(r["ppl_growth_4bit_tensor"]["diff"]), "yes" if r["gate"] else "no"] for r in results]
-    header = ["pair", "tokens", "T logit top-1", "D logit top-1", "T ppl ×, 4-bit/seq", "D ppl ×, 4-bit/seq",
-              f"gate (T top-1 ≥ {GATE_LOGIT_TOP1:g}, T ppl × ≥ {GATE_PPL_FACTOR:g})"]
-    return render(header, rows)
-
-
-def seeds_table(results: list[dict]) -> str:
-    """Per (preset, budget): per-seed ratios and 4-bit advantages, sign tests; rows ordered by size and tokens."""
-    rows = []
-    keys = sorted({(r["preset"], r["budget"], r["tokens"]) for r in results}, key=lambda k: (k[0] != "xs", k[2]))
-    for preset, budget, _ in keys:
-        mine = sorted((r for r in results if (r["preset"], r["budget"]) == (preset, budget)), key=lambda r: r["seed"])
-        schemes = sorted({s for r in mine for s in r["advantage_4bit"]})
-        cells = [" / ".join(fmt(r[key]) for r in mine) for key in ("logit_ratio", "hidden_ratio")]
-        tests = [sign_test([r[key] - 1 for r in mine]) for key in ("logit_ratio", "hidden_ratio")]
-        for scheme in schemes:
-            adv = [r["advantage_4bit"][scheme]["advantage"] for r in mine if scheme in r["advantage_4bit"]]
-            rows.append([preset, budget, " / ".join(str(r["seed"]) for r in mine), *cells,
-                         f"{tests[0]['positive']}/{tests[0]['n']} (p {fmt(tests[0]['p'])})", scheme,
-                         " / ".join(fmt(a, 3) for a in adv), f"{sign_test(adv)['positive']}/{len(adv)} "
-                         f"(p {fmt(sign_test(adv)['p'])})"])
-    header = ["size", "budget", "seeds", "logit top-1 T/D", "hidden top-1 T/D", "T/D > 1 (sign test)",
-              "4-bit scheme, task", "Diff advantage Δ (ln ppl)", "Diff lost less (sign test)"]
-    return render(header, rows)
-
-
-def table5_text(table5: dict[str, dict]) -> str:
-    parts = []
-    for name, recs in table5.items():
-        parts += [f"## {name}", "", outlier_table({r["label"]: r for r in recs.values()}, paper=True), "",
-                  ratio_table(recs["transformer"], recs["diff"]), ""]
-    return "\n".join(parts)
-
-
-def figure8_text(ctx: Context, results: list[dict]) -> str:
-    parts = []
-    for r in results:
-        records = read_records(ctx.out / "figure8" / f"{r['pair']}.jsonl")
-        parts += [f"## {r['pair']}", "", render_report(records, fmt="markdown"), ""]
-    return "\n".join(parts)
-
-
-def plot_trend(table5: dict[str, dict], results: list[dict], path: Path) -> None:
-    """Top-1 / median against training tokens, one line per (size, seed, arch), cooled pairs only."""
-    series: dict[str, list[dict]] = {}
-    for r in results:
-        if r["cooled"]:
-            for arch in ARCHS:
-                series.setdefault(f"{r['preset']}-s{r['seed']} {arch}", []).append(table5[r["pair"]][arch])
-    if series:
-        plot_over_training(series, path)
-
-
 def write_outputs(ctx: Context, results: list[dict], table5: dict) -> None:
     out = ctx.out
     atomic_write_text(out / "pairs.json", json.dumps(results, indent=1))
     note = "" if results else "No pair was evaluated (see summary.json: what the time guard skipped).\n"
-    atomic_write_text(out / "gate.md", note + gate_table(results) + "\n")
-    atomic_write_text(out / "seeds.md", note + seeds_table(results) + "\n")
+    atomic_write_text(out / "gate.md", note + gate_table(results) + "\n\n" + sites_table(results) + "\n")
+    atomic_write_text(out / "seeds.md", note + seeds_table(over_seeds(results)) + "\n")
     atomic_write_text(out / "table5.md", note + table5_text(table5) + "\n")
-    atomic_write_text(out / "figure8.md", note + figure8_text(ctx, results) + "\n")
+    atomic_write_text(out / "figure8.md", note + figure8_text(results, lambda r: sweep_path(ctx, r)) + "\n")
     plot_trend(table5, results, out / "trend.png")
 
 

@@ -1,0 +1,263 @@
+"""Outlier-regime verdicts: the gate, each pair's Table 5 and Figure 8, and the statistics over seeds.
+
+A *pair* is a dict naming checkpoints trained with identical data order::
+
+    {"pair": "xs-s0-6.03M", "preset": "xs", "seed": 0, "budget": "6.03M", "tokens": 6029312, "cooled": True,
+     "checkpoints": {"transformer": ".../final", "diff": ".../final", ...}}
+
+with a ``transformer`` arm and one or more others (diff, gated, clipped), each set against the Transformer.
+The **gate** (issue 13): no Table-5 or Figure-8 verdict counts unless the Transformer is in the outlier regime:
+attention-logit top-1 ≥ 100 and 4-bit per-sequence logits at least doubling its perplexity on the real
+TinyStories held-out text. Everything here is computed from records; tables and plots are made from them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+
+import numpy as np
+from scipy.stats import binomtest
+from scipy.stats import t as student_t
+
+from .checkpoint import load_checkpoint
+from .io import atomic_write_text
+from .plots import plot_over_training
+from .profile import profile, token_batches
+from .report import comparison_rows, read_records, render_report
+from .sweep import run_sweep
+from .tables import outlier_table, ratio_table, render
+
+log = logging.getLogger(__name__)
+
+GATE_LOGIT_TOP1, GATE_PPL_FACTOR = 100.0, 2.0
+GATE_TASK = "tinystories"
+BITS = (16, 8, 6, 4)
+GRANULARITIES = ("tensor", "head", "head_map")  # per sequence; per head (Diff maps share); per head and map
+LOCATED = 100  # top values whose positions are summarised
+ARCH_SHORT = {"transformer": "T", "diff": "D", "gated": "G", "clipped": "C"}
+
+
+def tokens_label(tokens: int) -> str:
+    for unit, size in (("B", 10**9), ("M", 10**6), ("K", 10**3)):
+        if tokens >= size:
+            return f"{tokens / size:.3g}{unit}"
+    return str(tokens)
+
+
+def others(pair: dict) -> list[str]:
+    """The arms set against the Transformer, in a stable order."""
+    return sorted((a for a in pair["checkpoints"] if a != "transformer"), key=list(ARCH_SHORT).index)
+
+
+# ------------------------------------------------------------------------------------------------ measuring
+
+def profile_pair(pair: dict, ids: np.ndarray, seq_len: int, batch_size: int, max_tokens: int | None = None,
+                 device: str = "cpu", out: Path | None = None) -> dict[str, dict]:
+    """Table-5 records of every arm on ``ids`` (global protocol, exact medians, top-100 located)."""
+    records = {}
+    for arch, path in pair["checkpoints"].items():
+        model = load_checkpoint(path, device=device)
+        batches = token_batches(ids, seq_len, batch_size, max_tokens)
+        report = profile(model, batches, label=f"{pair['pair']}-{arch}", exact_median=True, n_locations=LOCATED,
+                         progress=False)
+        records[arch] = {**report.data, "train_tokens": pair["tokens"]}
+    if out is not None:
+        atomic_write_text(Path(out), json.dumps(records, indent=1))
+    return records
+
+
+def sweep_pair(pair: dict, path: Path, tasks: dict[str, int | None], batch_size: int = 32, device: str = "cpu",
+               bits=BITS, granularities=GRANULARITIES) -> list[dict]:
+    """Figure-8 records (resumable JSONL at ``path``): attention logits at ``bits``, every granularity and task."""
+    for granularity in granularities:
+        for task, limit in tasks.items():
+            run_sweep(list(pair["checkpoints"].values()), path, "attn_logits", bits=bits, tasks=[task],
+                      granularity=granularity, limit=limit, batch_size=batch_size, device=device, progress=False)
+    return read_records(path)
+
+
+# ------------------------------------------------------------------------------------------------ verdicts
+
+def perplexity(records: list[dict], arch: str, bits: int, granularity: str | None, task: str) -> float | None:
+    for rec in records:
+        if (rec["arch"], rec["bits"], rec.get("granularity"), rec["task"]) == (arch, bits, granularity, task):
+            return rec["metrics"]["perplexity"]
+    return None
+
+
+def ppl_growth(records: list[dict], arch: str, granularity: str = "tensor", bits: int = 4,
+               task: str = GATE_TASK) -> float | None:
+    """Perplexity with ``bits``-bit logits over the unquantized one."""
+    base = perplexity(records, arch, 16, None, task)
+    quant = perplexity(records, arch, bits, granularity, task)
+    return quant / base if base and quant else None
+
+
+def top_sites(site: dict) -> dict:
+    """Where the located top values sit: the share whose key (or position) is the first token, and for Diff
+    logits the share in the second map (Q2K2ᵀ)."""
+    locs = site.get("locations", [])
+    if not locs:
+        return {"n": 0}
+    first = [loc.get("key", loc.get("position")) == 0 for loc in locs]
+    out = {"n": len(locs), "first_token": sum(first) / len(locs),
+           "layers": sorted({loc["layer"] for loc in locs})}
+    if "map" in locs[0]:
+        out["second_map"] = sum(loc["map"] == 1 for loc in locs) / len(locs)
+    return out
+
+
+def verdict(pair: dict, table5: dict[str, dict], records: list[dict]) -> dict:
+    """The gate, every arm's top-1s, 4-bit growths and top sites, and each other arm against the Transformer:
+    Table-5 ratios (Transformer / other) and 4-bit degradation advantages with paired bootstrap intervals."""
+    def top1(arch: str, kind: str) -> float:
+        return table5[arch]["sites"][kind]["top"][0]
+
+    arms = list(pair["checkpoints"])
+    growth = {arch: {g: ppl_growth(records, arch, g) for g in GRANULARITIES} for arch in arms}
+    gate = top1("transformer", "attn_logits") >= GATE_LOGIT_TOP1 and \
+        (growth["transformer"]["tensor"] or 0) >= GATE_PPL_FACTOR
+    rows = [c for c in comparison_rows(records) if c.bits == 4]
+    versus = {}
+    for other in others(pair):
+        versus[other] = {
+            "logit_ratio": top1("transformer", "attn_logits") / top1(other, "attn_logits"),
+            "hidden_ratio": top1("transformer", "hidden") / top1(other, "hidden"),
+            "advantage_4bit": {f"{c.scheme} {c.task}": {"advantage": c.advantage, "low": c.low, "high": c.high}
+                               for c in rows if c.candidate_arch == other},
+        }
+    return {**pair, "gate": gate,
+            "logit_top1": {arch: top1(arch, "attn_logits") for arch in arms},
+            "hidden_top1": {arch: top1(arch, "hidden") for arch in arms},
+            "top_sites": {arch: {kind: top_sites(table5[arch]["sites"][kind]) for kind in ("attn_logits", "hidden")}
+                          for arch in arms},
+            "ppl_growth_4bit": growth, "versus": versus}
+
+
+# ------------------------------------------------------------------------------------------------ over seeds
+
+def sign_test(values: list[float]) -> dict:
+    """How many values are > 0 and the two-sided exact sign-test p (ties dropped)."""
+    signs = [v > 0 for v in values if v != 0]
+    p = binomtest(sum(signs), len(signs)).pvalue if signs else None
+    return {"n": len(values), "positive": sum(signs), "p": p}
+
+
+def mean_interval(values: list[float], level: float = 0.95) -> dict:
+    """Mean over seeds with a Student-t interval (seeds are the unit of replication; n ≥ 2)."""
+    x = np.asarray(values, dtype=np.float64)
+    mean = float(x.mean())
+    if len(x) < 2:
+        return {"mean": mean, "low": None, "high": None, "n": len(x)}
+    half = float(student_t.ppf(0.5 + level / 2, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x)))
+    return {"mean": mean, "low": mean - half, "high": mean + half, "n": len(x)}
+
+
+def over_seeds(results: list[dict]) -> list[dict]:
+    """Per (preset, budget, other arm): per-seed ratios and 4-bit advantages, sign tests and pooled means."""
+    out = []
+    keys = sorted({(r["preset"], r["budget"], r["tokens"], o) for r in results for o in r["versus"]},
+                  key=lambda k: (k[0] != "xs", k[2], list(ARCH_SHORT).index(k[3])))
+    for preset, budget, tokens, other in keys:
+        mine = sorted((r for r in results if (r["preset"], r["budget"]) == (preset, budget) and other in r["versus"]),
+                      key=lambda r: r["seed"])
+        vs = [r["versus"][other] for r in mine]
+        entry = {"preset": preset, "budget": budget, "tokens": tokens, "other": other,
+                 "seeds": [r["seed"] for r in mine], "gated": [r["gate"] for r in mine]}
+        for key in ("logit_ratio", "hidden_ratio"):
+            values = [v[key] for v in vs]
+            entry[key] = {"per_seed": values, "sign_test": sign_test([math.log(x) for x in values]),
+                          "geomean": float(np.exp(np.mean(np.log(values))))}
+        entry["advantage_4bit"] = {}
+        for scheme in sorted({s for v in vs for s in v["advantage_4bit"]}):
+            values = [v["advantage_4bit"][scheme]["advantage"] for v in vs if scheme in v["advantage_4bit"]]
+            entry["advantage_4bit"][scheme] = {"per_seed": values, "sign_test": sign_test(values),
+                                               "pooled": mean_interval(values)}
+        out.append(entry)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ tables
+
+def fmt(value, digits: int = 2) -> str:
+    return "—" if value is None else f"{value:.{digits}f}"
+
+
+def _arms(r: dict, values: dict, digits: int) -> str:
+    return " / ".join(f"{ARCH_SHORT[a]} {fmt(values[a], digits)}" for a in r["checkpoints"])
+
+
+def gate_table(results: list[dict]) -> str:
+    rows = [[r["pair"], tokens_label(r["tokens"]), _arms(r, r["logit_top1"], 1),
+             _arms(r, {a: g["tensor"] for a, g in r["ppl_growth_4bit"].items()}, 2),
+             "yes" if r["gate"] else "no"] for r in results]
+    header = ["pair", "tokens", "logit top-1", "ppl × at 4-bit logits, per sequence",
+              f"gate (T top-1 ≥ {GATE_LOGIT_TOP1:g}, T ppl × ≥ {GATE_PPL_FACTOR:g})"]
+    return render(header, rows)
+
+
+def sites_table(results: list[dict]) -> str:
+    """Where the top-100 logits and hidden values sit, per pair and arm."""
+    rows = []
+    for r in results:
+        for arch, sites in r["top_sites"].items():
+            logit, hidden = sites["attn_logits"], sites["hidden"]
+            rows.append([r["pair"], arch, fmt(logit.get("first_token"), 2), fmt(logit.get("second_map"), 2),
+                         ",".join(map(str, logit.get("layers", []))), fmt(hidden.get("first_token"), 2),
+                         ",".join(map(str, hidden.get("layers", [])))])
+    header = ["pair", "arm", "logits: key = first token", "logits: Diff map 2", "logits: layers",
+              "hidden: first token", "hidden: layers"]
+    return render(header, rows)
+
+
+def seeds_table(summary: list[dict]) -> str:
+    rows = []
+    for e in summary:
+        ratios = []
+        for key in ("logit_ratio", "hidden_ratio"):
+            v = e[key]
+            ratios.append(f"{' / '.join(fmt(x) for x in v['per_seed'])} (geomean {fmt(v['geomean'])}; "
+                          f"{v['sign_test']['positive']}/{v['sign_test']['n']} > 1, p {fmt(v['sign_test']['p'])})")
+        for i, (scheme, a) in enumerate(e["advantage_4bit"].items()):
+            pooled = a["pooled"]
+            rows.append([e["preset"], e["budget"], e["other"], " / ".join(map(str, e["seeds"])),
+                         *(ratios if i == 0 else ["", ""]), scheme,
+                         " / ".join(f"{x:+.3f}" for x in a["per_seed"]),
+                         f"{pooled['mean']:+.3f} [{fmt(pooled['low'], 3)}, {fmt(pooled['high'], 3)}]",
+                         f"{a['sign_test']['positive']}/{a['sign_test']['n']} (p {fmt(a['sign_test']['p'])})"])
+    header = ["size", "budget", "other arm", "seeds", "logit top-1 T/other", "hidden top-1 T/other",
+              "4-bit scheme, task", "advantage per seed (Δ ln ppl)", "mean over seeds [95% t]",
+              "other lost less (sign test)"]
+    return render(header, rows)
+
+
+def table5_text(table5: dict[str, dict]) -> str:
+    parts = []
+    for name, recs in table5.items():
+        parts += [f"### {name}", "", outlier_table({r["label"]: r for r in recs.values()}, paper=True), ""]
+        for arch, rec in recs.items():
+            if arch != "transformer":
+                ratios = ratio_table(recs["transformer"], rec, other_label=arch.capitalize(), paper=arch == "diff")
+                parts += [ratios, ""]
+    return "\n".join(parts)
+
+
+def figure8_text(results: list[dict], sweep_path) -> str:
+    parts = []
+    for r in results:
+        parts += [f"### {r['pair']}", "", render_report(read_records(sweep_path(r)), fmt="markdown"), ""]
+    return "\n".join(parts)
+
+
+def plot_trend(table5: dict[str, dict], results: list[dict], path: Path) -> None:
+    """Top-1 / median against training tokens, one line per (size, seed, arm), cooled pairs only."""
+    series: dict[str, list[dict]] = {}
+    for r in results:
+        if r.get("cooled"):
+            for arch in r["checkpoints"]:
+                series.setdefault(f"{r['preset']}-s{r['seed']} {arch}", []).append(table5[r["pair"]][arch])
+    if series:
+        plot_over_training(series, path)

@@ -1,0 +1,107 @@
+"""Outlier-regime verdicts on the CPU-trained pairs (issue 13): gate, Table 5, Figure 8, seeds, trend.
+
+    python experiments/campaign/verdicts.py [--out experiments/results/regime] [--books-windows 200]
+
+Pairs (identical data order within a pair; every arm is set against the Transformer):
+
+* ``xs-lr1e-2-sN``: part 1's short protocol at lr 1e-2 (6.03M tokens, wsd, last 20% decayed), where the
+  Transformer already passes the gate; seeds 0-1 from experiments/lr_sweep/runs, seeds 2+ and the gated /
+  clipped arms (seed 0) from experiments/campaign/short;
+* ``xs-lr3e-3-s0-<tokens>``: the long run's cooled branches (experiments/campaign/long, cooldown.sh).
+
+Every pair is profiled on the real cased TinyStories held-out text (all of it, global protocol, exact medians)
+and its attention logits swept at 16/8/6/4 bits with three scale granularities on that text and on the held-out
+books. Resumable: finished profiles and sweep cells are kept under --out and skipped on a rerun.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+from diffquant.config import ARCHS
+from diffquant.corpus import heldout_ids
+from diffquant.io import atomic_write_text
+from diffquant.regime import (
+    figure8_text, gate_table, over_seeds, plot_trend, profile_pair, seeds_table, sites_table, sweep_pair,
+    table5_text, tokens_label, verdict,
+)
+from diffquant.tokenizer import Tokenizer
+
+REPO = Path(__file__).resolve().parents[2]
+CORPUS = REPO / "experiments/corpus/stories260k-s0"
+SHORT_ROOTS = (REPO / "experiments/lr_sweep/runs", REPO / "experiments/campaign/short")
+LONG_RUN = REPO / "experiments/campaign/long/xs-lr3e-3-s0"
+SHORT_TOKENS = 736 * 16 * 512
+SEQ_LEN, BATCH = 512, 16
+
+
+def rel(path: Path) -> str:
+    return str(path.relative_to(REPO))
+
+
+def short_pairs(lr: str = "1e-2") -> list[dict]:
+    pairs = []
+    for seed in range(10):
+        found = {arch: root / f"{arch}-lr{lr}-s{seed}" / "final" for root in SHORT_ROOTS for arch in ARCHS}
+        ckpts = {a: rel(p) for a, p in found.items() if (p / "model.safetensors").is_file()}
+        if "transformer" in ckpts and len(ckpts) > 1:
+            budget = f"{tokens_label(SHORT_TOKENS)} @ lr {lr}"
+            pairs.append({"pair": f"xs-lr{lr}-s{seed}", "preset": "xs", "seed": seed, "budget": budget,
+                          "tokens": SHORT_TOKENS, "cooled": True, "checkpoints": ckpts})
+    return pairs
+
+
+def long_pairs() -> list[dict]:
+    """Cooled branches both arms finished: cooldown/ARCH-stepN/final."""
+    pairs = []
+    for final in sorted((LONG_RUN / "cooldown").glob("transformer-step*/final")):
+        name = final.parent.name.split("-", 1)[1]
+        ckpts = {a: LONG_RUN / "cooldown" / f"{a}-{name}" / "final" for a in ARCHS}
+        ckpts = {a: rel(p) for a, p in ckpts.items() if (p / "model.safetensors").is_file()}
+        if len(ckpts) > 1:
+            tokens = json.loads((final.parent / "train_log.json").read_text())["tokens_seen"]
+            label = f"{tokens_label(tokens)} @ lr 3e-3"
+            pairs.append({"pair": f"xs-lr3e-3-s0-{tokens_label(tokens)}", "preset": "xs", "seed": 0,
+                          "budget": label, "tokens": tokens, "cooled": True, "checkpoints": ckpts})
+    return pairs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="experiments/results/regime")
+    parser.add_argument("--books-windows", type=int, default=200, help="rolling windows of the held-out books")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    out = Path(args.out)
+    ids = heldout_ids(Tokenizer.load(CORPUS / "tokenizer.model"))
+    tasks = {"tinystories": None, "test": args.books_windows}
+    pairs = short_pairs() + long_pairs()
+    results, table5 = [], {}
+    for pair in pairs:
+        logging.info("pair %s: %s", pair["pair"], ", ".join(pair["checkpoints"]))
+        saved = out / "table5" / f"{pair['pair']}.json"
+        known = json.loads(saved.read_text()) if saved.is_file() else {}
+        if set(known) != set(pair["checkpoints"]):
+            known = profile_pair(pair, ids, SEQ_LEN, BATCH, out=saved)
+        table5[pair["pair"]] = known
+        records = sweep_pair(pair, sweep_path(out, pair), tasks, batch_size=BATCH)
+        results.append(verdict(pair, known, records))
+    summary = over_seeds(results)
+    atomic_write_text(out / "pairs.json", json.dumps(results, indent=1))
+    atomic_write_text(out / "seeds.json", json.dumps(summary, indent=1))
+    atomic_write_text(out / "gate.md", gate_table(results) + "\n\n" + sites_table(results) + "\n")
+    atomic_write_text(out / "seeds.md", seeds_table(summary) + "\n")
+    atomic_write_text(out / "table5.md", table5_text(table5) + "\n")
+    atomic_write_text(out / "figure8.md", figure8_text(results, lambda r: sweep_path(out, r)) + "\n")
+    plot_trend(table5, results, out / "trend.png")
+
+
+def sweep_path(out: Path, pair: dict) -> Path:
+    return out / "figure8" / f"{pair['pair']}.jsonl"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""Outlier-regime verdicts: the gate, where top values sit, and the statistics over seeds (the end-to-end path
+through profile and sweep runs in tests/test_gpu_script.py's dry run)."""
+
+import math
+import random
+
+import pytest
+
+from diffquant import regime
+from diffquant.report import Comparison
+
+
+def ppl_records(arch: str, base: float, growth: dict[str, float]) -> list[dict]:
+    recs = [{"arch": arch, "bits": 16, "granularity": None, "task": "tinystories", "metrics": {"perplexity": base}}]
+    recs += [{"arch": arch, "bits": 4, "granularity": g, "task": "tinystories", "metrics": {"perplexity": base * f}}
+             for g, f in growth.items()]
+    return recs
+
+
+def site(top1: float, locations=()) -> dict:
+    return {"top": [top1, top1 / 2], "locations": list(locations)}
+
+
+def table5(logit: dict[str, float], hidden: dict[str, float]) -> dict[str, dict]:
+    return {a: {"sites": {"attn_logits": site(logit[a]), "hidden": site(hidden[a])}} for a in logit}
+
+
+PAIR = {"pair": "p", "preset": "xs", "seed": 0, "budget": "b", "tokens": 10,
+        "checkpoints": {"transformer": "t", "diff": "d", "gated": "g"}}
+
+
+@pytest.mark.parametrize("t_top1, t_growth, gate", [(150.0, 2.5, True), (99.0, 9.0, False), (300.0, 1.9, False)])
+def test_the_gate_needs_both_a_large_logit_and_a_doubling_perplexity(monkeypatch, t_top1, t_growth, gate):
+    monkeypatch.setattr(regime, "comparison_rows", lambda records: [])
+    growth = {g: t_growth for g in regime.GRANULARITIES}
+    records = ppl_records("transformer", 7.0, growth) + ppl_records("diff", 8.0, growth)
+    records += ppl_records("gated", 6.0, growth)
+    res = regime.verdict(PAIR, table5({"transformer": t_top1, "diff": 50.0, "gated": 25.0},
+                                      {"transformer": 40.0, "diff": 10.0, "gated": 80.0}), records)
+    assert res["gate"] is gate
+    assert res["ppl_growth_4bit"]["transformer"]["tensor"] == pytest.approx(t_growth)
+    assert res["versus"]["diff"]["logit_ratio"] == pytest.approx(t_top1 / 50.0)
+    assert res["versus"]["gated"]["hidden_ratio"] == pytest.approx(0.5)
+
+
+def test_verdict_files_each_comparison_under_its_own_arm(monkeypatch):
+    def rows(records):
+        return [Comparison("attn_logits/tensor", "tinystories", "perplexity", bits, "t", arm, 0.1, 0.05, adv, -1, 1,
+                           9, arm) for bits, arm, adv in ((4, "diff", 0.05), (4, "gated", 0.2), (8, "diff", 0.0))]
+    monkeypatch.setattr(regime, "comparison_rows", rows)
+    records = [r for a in PAIR["checkpoints"] for r in ppl_records(a, 5.0, {"tensor": 2.0})]
+    res = regime.verdict(PAIR, table5(dict.fromkeys(PAIR["checkpoints"], 120.0),
+                                      dict.fromkeys(PAIR["checkpoints"], 9.0)), records)
+    assert res["versus"]["diff"]["advantage_4bit"] == {
+        "attn_logits/tensor tinystories": {"advantage": 0.05, "low": -1, "high": 1}}
+    assert res["versus"]["gated"]["advantage_4bit"]["attn_logits/tensor tinystories"]["advantage"] == 0.2
+    assert res["ppl_growth_4bit"]["diff"]["head"] is None  # never measured: no number invented
+
+
+def test_sign_test_matches_the_binomial_by_hand():
+    assert regime.sign_test([1, 2, 3, 4, 5]) == {"n": 5, "positive": 5, "p": pytest.approx(2 * 0.5 ** 5)}
+    tied = regime.sign_test([0.5, -1.0, 0.0, 2.0])  # ties dropped: 2 of 3
+    assert (tied["positive"], tied["p"]) == (2, pytest.approx(1.0))
+    assert regime.sign_test([])["p"] is None
+
+
+def test_mean_interval_is_the_student_t_interval():
+    rng = random.Random(7)
+    values = [rng.gauss(0.1, 0.3) for _ in range(6)]
+    n, mean = len(values), sum(values) / len(values)
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    half = 2.5705818366147395 * sd / math.sqrt(n)  # t(0.975, 5)
+    got = regime.mean_interval(values)
+    assert got["mean"] == pytest.approx(mean, abs=1e-12)
+    assert (got["low"], got["high"]) == (pytest.approx(mean - half, abs=1e-9), pytest.approx(mean + half, abs=1e-9))
+    assert regime.mean_interval([0.3])["low"] is None
+
+
+def test_top_sites_counts_first_token_keys_and_the_second_diff_map():
+    locs = [{"layer": 1, "map": 1, "key": 0}, {"layer": 1, "map": 0, "key": 0}, {"layer": 3, "map": 1, "key": 7},
+            {"layer": 4, "map": 1, "key": 2}]
+    got = regime.top_sites({"locations": locs})
+    assert got == {"n": 4, "first_token": 0.5, "second_map": 0.75, "layers": [1, 3, 4]}
+    hidden = regime.top_sites({"locations": [{"layer": 0, "position": 0}, {"layer": 2, "position": 5}]})
+    assert hidden == {"n": 2, "first_token": 0.5, "layers": [0, 2]}
+
+
+def result(seed: int, logit_ratio: float, advantage: float, gate: bool = True) -> dict:
+    adv = {"attn_logits/tensor tinystories": {"advantage": advantage, "low": advantage - 0.1,
+                                              "high": advantage + 0.1}}
+    return {**PAIR, "pair": f"s{seed}", "seed": seed, "gate": gate,
+            "versus": {"diff": {"logit_ratio": logit_ratio, "hidden_ratio": 1.0 / logit_ratio,
+                                "advantage_4bit": adv}}}
+
+
+def test_over_seeds_pools_per_seed_ratios_and_advantages():
+    results = [result(s, r, a) for s, r, a in ((0, 2.0, 0.1), (1, 4.0, -0.05), (2, 0.5, 0.2))]
+    (entry,) = regime.over_seeds(results)
+    assert entry["seeds"] == [0, 1, 2] and entry["other"] == "diff"
+    assert entry["logit_ratio"]["geomean"] == pytest.approx((2.0 * 4.0 * 0.5) ** (1 / 3))
+    assert entry["logit_ratio"]["sign_test"]["positive"] == 2  # ratios > 1, tested on their logs
+    pooled = entry["advantage_4bit"]["attn_logits/tensor tinystories"]
+    assert pooled["per_seed"] == [0.1, -0.05, 0.2] and pooled["pooled"]["mean"] == pytest.approx(0.25 / 3)
+    text = regime.seeds_table(regime.over_seeds(results))
+    assert "2.00 / 4.00 / 0.50" in text and "+0.083" in text
