@@ -45,8 +45,8 @@ def rel(path: Path) -> str:
 def short_pairs(lr: str = "1e-2") -> list[dict]:
     pairs = []
     for seed in range(10):
-        found = {arch: root / f"{arch}-lr{lr}-s{seed}" / "final" for root in SHORT_ROOTS for arch in ARCHS}
-        ckpts = {a: rel(p) for a, p in found.items() if (p / "model.safetensors").is_file()}
+        ckpts = {arch: rel(final) for arch in ARCHS for root in SHORT_ROOTS
+                 if ((final := root / f"{arch}-lr{lr}-s{seed}" / "final") / "model.safetensors").is_file()}
         if "transformer" in ckpts and len(ckpts) > 1:
             budget = f"{tokens_label(SHORT_TOKENS)} @ lr {lr}"
             pairs.append({"pair": f"xs-lr{lr}-s{seed}", "preset": "xs", "seed": seed, "budget": budget,
