@@ -56,6 +56,23 @@ def test_eager_sdpa_cache_and_causality(arm):
     assert torch.equal(later[:, :20], sdpa[:, :20]) and not torch.equal(later[:, 20:], sdpa[:, 20:])
 
 
+def test_query_chunked_eager_training_matches_whole_maps():
+    """Training runs the clipped arm's eager attention in query chunks (train.EAGER_CHUNK): same loss, same grads."""
+    cfg = tiny_config("clipped")
+    ids = torch.randint(0, cfg.vocab_size, (2, 41))
+    results = []
+    for chunk in (None, 8):
+        torch.manual_seed(3)  # the same random weights both times
+        model = randomize_(build_model(cfg)).set_attn_impl("eager", chunk)
+        loss = torch.nn.functional.cross_entropy(model(ids[:, :-1]).flatten(0, 1), ids[:, 1:].flatten())
+        loss.backward()
+        results.append((loss.detach(), [p.grad for p in model.parameters()]))
+    (loss0, grads0), (loss1, grads1) = results
+    assert torch.allclose(loss0, loss1, rtol=1e-6, atol=0)
+    for g0, g1 in zip(grads0, grads1, strict=True):  # float32 sums in another order: relative to the largest
+        assert (g0 - g1).abs().max() <= 2e-5 * g0.abs().max()
+
+
 @pytest.mark.parametrize("arm", ARMS)
 def test_probes_and_checkpoint_round_trip(arm, tmp_path):
     cfg = tiny_config(arm)
