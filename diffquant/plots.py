@@ -92,3 +92,36 @@ def plot_over_training(series: dict[str, list[dict]], path: str | Path) -> Path:
         ax.set(yscale="log", xlabel="training tokens", ylabel="|x|", title=SITE_NAMES.get(kind, kind))
         ax.legend(fontsize=7)
     return _save(fig, path)
+
+
+def plot_tracked(logs: dict[str, dict], path: str | Path) -> Path:
+    """Outliers tracked during training (``history["outliers"]`` of train logs, the maximum over layers) against
+    training tokens: logit and hidden-state top-1 per arm, and the Transformer / other ratio of each.
+
+    ``logs`` maps an arch to its train log; a continued run (a cooldown) can be passed as ``"diff cooled"`` etc.
+    """
+    from .tracking import max_over_layers
+
+    curves = {label: [(p["tokens"], max_over_layers(p["layers"], "attn_logits"), max_over_layers(p["layers"], "hidden"))
+                      for p in log["history"].get("outliers", [])] for label, log in logs.items()}
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4))
+    for label, pts in curves.items():
+        arch = label.split()[0]
+        style = "-" if label == arch else "--"
+        for ax, col in zip(axes[:2], (1, 2)):
+            ax.plot([p[0] for p in pts], [p[col] for p in pts], style, color=STYLE.get(arch), label=label, lw=1.2)
+    base = {p[0]: p for p in curves.get("transformer", [])}
+    for label, pts in curves.items():
+        if label.split()[0] == "transformer" or " " in label:
+            continue
+        shared = [(t, base[t][1] / lg, base[t][2] / hd) for t, lg, hd in pts if t in base and lg and hd]
+        for col, style, what in ((1, "-", "logits"), (2, ":", "hidden")):
+            axes[2].plot([s[0] for s in shared], [s[col] for s in shared], style, color=STYLE.get(label),
+                         label=f"Transformer / {label}, {what}")
+    axes[2].axhline(1.0, color="grey", lw=0.8)
+    titles = ("attention-logit top-1 (max over layers)", "hidden-state top-1 (max over layers)",
+              "Transformer / other, top-1")
+    for ax, title in zip(axes, titles):
+        ax.set(yscale="log", xlabel="training tokens", title=title)
+        ax.legend(fontsize=7)
+    return _save(fig, path)

@@ -103,3 +103,16 @@ def test_over_seeds_pools_per_seed_ratios_and_advantages():
     assert pooled["per_seed"] == [0.1, -0.05, 0.2] and pooled["pooled"]["mean"] == pytest.approx(0.25 / 3)
     text = regime.seeds_table(regime.over_seeds(results))
     assert "2.00 / 4.00 / 0.50" in text and "+0.083" in text
+
+
+def test_plot_tracked_draws_arms_and_ratios_from_train_logs(tmp_path):
+    from diffquant.plots import plot_tracked
+
+    def log(scale: float) -> dict:
+        points = [{"tokens": t, "layers": [{"layer": i, "attn_logits": {"top1": scale * t * (i + 1)},
+                                             "hidden": {"top1": scale + i}} for i in range(3)]}
+                  for t in (1000, 2000, 3000)]
+        return {"history": {"outliers": points}}
+
+    path = plot_tracked({"transformer": log(2.0), "diff": log(1.0), "diff cooled": log(0.5)}, tmp_path / "t.png")
+    assert path.stat().st_size > 10_000

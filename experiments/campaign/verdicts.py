@@ -24,6 +24,7 @@ from pathlib import Path
 from diffquant.config import ARCHS
 from diffquant.corpus import heldout_ids
 from diffquant.io import atomic_write_text
+from diffquant.plots import plot_tracked
 from diffquant.regime import (
     figure8_text, gate_table, over_seeds, plot_trend, profile_pair, seeds_table, sites_table, sweep_pair,
     table5_text, tokens_label, verdict,
@@ -97,6 +98,17 @@ def main() -> None:
     atomic_write_text(out / "table5.md", table5_text(table5) + "\n")
     atomic_write_text(out / "figure8.md", figure8_text(results, lambda r: sweep_path(out, r)) + "\n")
     plot_trend(table5, results, out / "trend.png")
+    if logs := long_logs():
+        plot_tracked(logs, out / "long-emergence.png")
+
+
+def long_logs() -> dict[str, dict]:
+    """The long run's train logs (stable arms, then each cooldown) for the emergence figure."""
+    logs = {arch: json.loads(f.read_text()) for arch in ARCHS if (f := LONG_RUN / arch / "train_log.json").is_file()}
+    for f in sorted((LONG_RUN / "cooldown").glob("*/train_log.json")):
+        arch, step = f.parent.name.split("-", 1)
+        logs[f"{arch} cooled from {step}"] = json.loads(f.read_text())
+    return logs
 
 
 def sweep_path(out: Path, pair: dict) -> Path:
