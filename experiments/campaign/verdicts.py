@@ -26,8 +26,17 @@ from diffquant.corpus import heldout_ids
 from diffquant.io import atomic_write_text
 from diffquant.plots import plot_tracked
 from diffquant.regime import (
-    figure8_text, gate_table, over_seeds, plot_trend, profile_pair, seeds_table, sites_table, sweep_pair,
-    table5_text, tokens_label, verdict,
+    figure8_text,
+    gate_table,
+    over_seeds,
+    plot_trend,
+    profile_pair,
+    seeds_table,
+    sites_table,
+    sweep_pair,
+    table5_text,
+    tokens_label,
+    verdict,
 )
 from diffquant.tokenizer import Tokenizer
 
