@@ -9,9 +9,9 @@ Pairs (identical data order within a pair; every arm is set against the Transfor
   clipped arms (seed 0) from experiments/campaign/short;
 * ``xs-lr3e-3-s0-<tokens>``: the long run's cooled branches (experiments/campaign/long, cooldown.sh).
 
-Every pair is profiled on the real cased TinyStories held-out text (all of it, global protocol, exact medians)
-and its attention logits swept at 16/8/6/4 bits with three scale granularities on that text and on the held-out
-books. Resumable: finished profiles and sweep cells are kept under --out and skipped on a rerun.
+Every pair is profiled on the real cased TinyStories held-out text (its first 64 windows of 512 tokens as in
+part 1, global protocol, exact medians) and its attention logits swept at 16/8/6/4 bits with three scale
+granularities on that text and on the held-out books (128 windows each). Resumable: finished profiles and sweep cells are kept under --out and skipped on a rerun.
 """
 
 from __future__ import annotations
@@ -82,12 +82,14 @@ def long_pairs() -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="experiments/results/regime")
-    parser.add_argument("--books-windows", type=int, default=200, help="rolling windows of the held-out books")
+    parser.add_argument("--profile-windows", type=int, default=64,
+                        help="windows of 512 held-out tokens profiled (part 1's protocol: 64)")
+    parser.add_argument("--windows", type=int, default=128, help="perplexity windows per task (each sweep cell)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     out = Path(args.out)
     ids = heldout_ids(Tokenizer.load(CORPUS / "tokenizer.model"))
-    tasks = {"tinystories": None, "test": args.books_windows}
+    tasks = {"tinystories": args.windows, "test": args.windows}
     pairs = short_pairs() + long_pairs()
     results, table5 = [], {}
     for pair in pairs:
@@ -95,7 +97,7 @@ def main() -> None:
         saved = out / "table5" / f"{pair['pair']}.json"
         known = json.loads(saved.read_text()) if saved.is_file() else {}
         if set(known) != set(pair["checkpoints"]):
-            known = profile_pair(pair, ids, SEQ_LEN, BATCH, out=saved)
+            known = profile_pair(pair, ids, SEQ_LEN, BATCH, args.profile_windows * SEQ_LEN, out=saved)
         table5[pair["pair"]] = known
         records = sweep_pair(pair, sweep_path(out, pair), tasks, batch_size=BATCH)
         results.append(verdict(pair, known, records))
