@@ -1,5 +1,5 @@
 """Quantization: numerics, dynamic quantizers at probes and Linear inputs, weight RTN / GPTQ / bitsandbytes,
-``quantize_`` / ``quantize`` and packed checkpoints (see DESIGN.md's contract).
+``quantize_`` / ``quantize`` and packed checkpoints (see docs/ARCHITECTURE.md, section 9).
 
 Names: ``diffquant.quant.quantize`` stays the tensor-level ``numerics.quantize`` (codes, scale, zero); the model
 entry points are ``quantize_`` (in place) and ``quantize_model`` (a copy), which ``diffquant`` exports as

@@ -1,7 +1,7 @@
 """bitsandbytes adapter: LLM.int8 (with its outlier threshold), NF4 and FP4 Linear layers.
 
 bitsandbytes is an optional extra (``pip install 'diffquant[bnb]'``), imported lazily. CPU traps handled here
-(bitsandbytes 0.50, see DESIGN.md):
+(bitsandbytes 0.50, see docs/ARCHITECTURE.md):
 
 * quantization happens when a parameter is moved to a device (``.to``), so modules are built on CPU and moved
   once, explicitly, here — never as a side effect elsewhere;

@@ -5,7 +5,7 @@ vectorised (per-group works by a reshape, never a loop over slices) and inputs a
 
 Integer formats (``s`` = scale, per slice of the granularity, computed on the masked entries):
 
-* symmetric absmax (DESIGN.md contract): ``qmax = 2**(bits-1) - 1``, ``s = amax / qmax``,
+* symmetric absmax (docs/ARCHITECTURE.md, section 4.2): ``qmax = 2**(bits-1) - 1``, ``s = amax / qmax``,
   ``q = clamp(round(x / s), -qmax, qmax)``, ``x_hat = q * s``; codes in ``[-qmax, qmax]``.
 * asymmetric min/max (the range is widened to contain 0, as torch/torchao do, so that 0 is exact and the
   zero point is always a valid code): ``lo = min(min(x), 0)``, ``hi = max(max(x), 0)``,
