@@ -21,7 +21,6 @@ does), otherwise ``diffquant/__init__.py``, which imports the public names, woul
 from __future__ import annotations
 
 import ast
-import time
 from pathlib import Path
 
 import pytest
@@ -238,14 +237,11 @@ def print_calls(trees: dict[str, ast.AST], package: str) -> set[tuple[str, int]]
 
 @pytest.fixture(scope="module")
 def parsed():
-    start = time.perf_counter()
-    graph, trees = import_graph()
-    return graph, trees, time.perf_counter() - start
+    return import_graph()
 
 
 def test_graph_is_the_package(parsed):
-    graph, _, seconds = parsed
-    assert seconds < 2.0, f"parsing the package took {seconds:.2f} s"
+    graph, _ = parsed
     # spot checks that imports are resolved: relative, lazy (inside functions), and `from . import module`
     assert "diffquant.model" in graph["diffquant.checkpoint"]
     assert "diffquant.hf" in graph["diffquant.checkpoint"]  # `from . import hf` inside a function

@@ -1,4 +1,4 @@
-"""Quantization numerics against independent NumPy references written from the DESIGN.md formulas."""
+"""Quantization numerics against independent NumPy references written from the docs/ARCHITECTURE.md formulas."""
 
 import itertools
 import math
