@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import sys
 
 from ..config import ARCHS
 from ..errors import UserError
 
+log = logging.getLogger(__name__)
 
 def register(sub) -> None:
     p = sub.add_parser("train", help="train a model on the calib train split or a token corpus (resumable)")
@@ -74,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
     if args.lambda_init is not None:
         overrides["lambda_init"] = args.lambda_init
     model_cfg = dataclasses.replace(ModelConfig.preset(args.preset, arch=args.arch), **overrides)
+    model_cfg = _fit_calib_vocab(model_cfg, args)
     opt = {k: getattr(args, k) for k in ("lr", "beta1", "beta2", "weight_decay")}
     opt.update(_recipe_values(args, sys.argv[1:]))
     cfg = TrainConfig(
@@ -95,16 +98,26 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fit_calib_vocab(model_cfg, args: argparse.Namespace):
+    """On the calib train split the project tokenizer sets the vocabulary: a preset with fewer tokens (tiny: 128)
+    is widened to the tokenizer's size, with a warning; corpora (--data) keep the preset's vocabulary."""
+    if args.data is not None:
+        return model_cfg
+    from ..tokenizer import default_tokenizer
+
+    vocab = default_tokenizer().vocab_size
+    if vocab <= model_cfg.vocab_size:
+        return model_cfg
+    log.warning("preset %r has %d tokens; the calib split's tokenizer has %d: training with vocab_size %d",
+                args.preset, model_cfg.vocab_size, vocab, vocab)
+    return dataclasses.replace(model_cfg, vocab_size=vocab)
+
+
 def _data(args: argparse.Namespace, model_cfg) -> tuple:
     """(train ids, validation ids, provenance, files to ship in checkpoints) for the chosen data."""
     if args.data is None:
-        from ..tokenizer import default_tokenizer
         from ..train import split_tokens
 
-        tok = default_tokenizer()
-        if tok.vocab_size > model_cfg.vocab_size:
-            raise UserError(f"the calib split's tokenizer has {tok.vocab_size} tokens but preset {args.preset!r} only "
-                            f"{model_cfg.vocab_size}; train it on a token corpus (--data, see `diffquant sample`)")
         train_ids, train_info = split_tokens("train")
         val_ids, val_info = split_tokens("validation")
         return train_ids, val_ids, {**train_info, **val_info}, None
