@@ -43,10 +43,10 @@ log = logging.getLogger(__name__)
 
 BASELINE_BITS = 16
 # What makes two records the same measurement (resuming skips a cell whose key is already in the file).
-KEY_FIELDS = ("checkpoint", "target", "bits", "granularity", "group_size", "calib_tokens", "task", "limit", "seed",
-              "attn_impl")
+KEY_FIELDS = ("checkpoint", "target", "bits", "granularity", "group_size", "calib_tokens", "task", "limit", "subset",
+              "seed", "attn_impl")
 # A quantized record's baseline: the same checkpoint, data and evaluation settings at 16 bits.
-BASELINE_FIELDS = ("checkpoint", "task", "limit", "seed", "attn_impl")
+BASELINE_FIELDS = ("checkpoint", "task", "limit", "subset", "seed", "attn_impl")
 METRICS = {"perplexity": ("perplexity",), "multiple_choice": ("acc", "acc_norm"), "lambada": ("acc", "perplexity")}
 PRIMARY_METRIC = {"perplexity": "perplexity", "multiple_choice": "acc_norm", "lambada": "acc"}
 ACCURACY_KEYS = {"acc": "correct", "acc_norm": "correct_norm"}
@@ -59,11 +59,17 @@ CSV_HEADER = ["section", "scheme", "model", "arch", "task", "metric", "bits", "v
 # ---------------------------------------------------------------------------------------------------- records
 
 def record_key(rec: dict) -> tuple:
-    return tuple(_hashable(rec.get(f)) for f in KEY_FIELDS)
+    return tuple(_hashable(_field(rec, f)) for f in KEY_FIELDS)
 
 
 def baseline_key(rec: dict) -> tuple:
-    return tuple(_hashable(rec.get(f)) for f in BASELINE_FIELDS)
+    return tuple(_hashable(_field(rec, f)) for f in BASELINE_FIELDS)
+
+
+def _field(rec: dict, name: str):
+    if name == "subset" and "subset" not in rec:  # records before `subset` existed: --limit was a seeded subset
+        return "random" if rec.get("limit") is not None else None
+    return rec.get(name)
 
 
 def _hashable(value):
@@ -160,7 +166,10 @@ def _unique_labels(records: Sequence[dict]) -> list[dict]:
 
 
 def task_label(rec: dict) -> str:
-    return rec["task"] if rec.get("limit") is None else f"{rec['task']} (limit {rec['limit']})"
+    if rec.get("limit") is None:
+        return rec["task"]
+    which = "first" if _field(rec, "subset") == "first" else "random"
+    return f"{rec['task']} ({which} {rec['limit']})"
 
 
 # ---------------------------------------------------------------------------------------------------- statistics

@@ -13,7 +13,7 @@ from diffquant.cli import main
 from diffquant.data import calib_dir, documents
 from diffquant.evaluate import evaluate_task, score_multiple_choice, text_perplexity
 from diffquant.quant import ActQuant, QuantConfig, WeightQuant, quantize_model
-from diffquant.report import read_records, record_key
+from diffquant.report import degradation_rows, read_records, record_key
 from diffquant.sweep import calibration_batch, perplexity_metrics, resolve_task, run_sweep
 from diffquant.tasks import load_task
 from diffquant.tokenizer import tokenizer_for
@@ -176,6 +176,30 @@ def test_a_changed_checkpoint_is_refused(setup, tmp_path):
     dq.save_checkpoint(randomize_(_eager(ckpts["diff"])), path, overwrite=True)
     with pytest.raises(ValueError, match="different checkpoint"):
         run_sweep([path], out, "attn_logits", [16, 4], [text], limit=2, progress=False)
+
+
+def test_limit_is_the_first_items_unless_subset_random_and_records_say_which(setup, tmp_path):
+    ckpts, text, _ = setup
+    out = tmp_path / "r.jsonl"
+    first = run_sweep([ckpts["diff"]], out, "attn_logits", [16, 4], ["copa", text], limit=3, progress=False)
+    rand = run_sweep([ckpts["diff"]], out, "attn_logits", [16, 4], ["copa", text], limit=3, subset="random",
+                     progress=False)
+    assert first["written"] == rand["written"] == 4  # a different subset is a different cell, not a resume
+    recs = read_records(out)
+    by = {(r["subset"], r["task"], r["bits"]): r for r in recs}
+    assert [it["id"] for it in by["first", "copa", 16]["metrics"]["items"]] == [0, 1, 2]
+    assert [it["id"] for it in by["random", "copa", 16]["metrics"]["items"]] != [0, 1, 2]
+    assert by["first", text, 16]["metrics"]["window_ids"] == [0, 1, 2]
+    assert by["random", text, 16]["metrics"]["window_ids"] != [0, 1, 2]
+    assert {(c.task, c.delta is not None) for c in degradation_rows(recs) if c.bits == 4} == {
+        ("copa (first 3)", True), ("copa (random 3)", True), (f"{text} (first 3)", True),
+        (f"{text} (random 3)", True)}  # each quantized record found the baseline of its own subset
+    legacy = [{k: v for k, v in r.items() if k != "subset"} for r in recs if r["subset"] == "random"]
+    assert [record_key(r) for r in legacy] == [record_key(r) for r in recs if r["subset"] == "random"]
+    full = run_sweep([ckpts["diff"]], out, "attn_logits", [16], ["copa"], progress=False)
+    assert full["written"] == 1 and read_records(out)[-1]["subset"] is None
+    with pytest.raises(ValueError, match="unknown subset"):
+        run_sweep([ckpts["diff"]], out, "attn_logits", [16], ["copa"], limit=3, subset="last", progress=False)
 
 
 # ------------------------------------------------------------------------------------------------ targets
