@@ -423,8 +423,8 @@ def test_python_m_diffquant_lmeval_is_lm_evals_cli_with_the_model_registered(set
     pytest.importorskip("lm_eval")
     items = _local_copa_task(tmp_path)
     done = _run_python(["-m", "diffquant.lmeval", "--model", "diffquant", "--model_args",
-                        f"pretrained={setup[0]['diff']}", "--batch_size", "4", "--tasks", "dq_copa_local", "--include_path",
-                        str(tmp_path), "--output_path", str(tmp_path / "out")], tmp_path)
+                        f"pretrained={setup[0]['diff']}", "--batch_size", "4", "--tasks", "dq_copa_local",
+                        "--include_path", str(tmp_path), "--output_path", str(tmp_path / "out")], tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     (found,) = (tmp_path / "out").rglob("results_*.json")
     got = json.loads(found.read_text())["results"]["dq_copa_local"]

@@ -10,8 +10,8 @@ from diffquant.tasks import (
     Item,
     canonical_task,
     hellaswag_preprocess,
-    load_task,
     limit_ids,
+    load_task,
     read_items,
     subset_ids,
 )

@@ -200,7 +200,7 @@ def test_divergence_is_detected_logged_and_one_line(tmp_path, shakespeare_bytes,
 
 
 def test_cli_tiny_preset_trains_on_the_calib_split_with_its_tokenizers_vocabulary(tmp_path, caplog):
-    """`diffquant train --preset tiny` (vocab 128) on the calib split (an 8192-token tokenizer) widens the vocabulary."""
+    """`train --preset tiny` (vocab 128) on the calib split (an 8192-token tokenizer) widens the vocabulary."""
     out = tmp_path / "tiny"
     argv = ["train", "--arch", "transformer", "--preset", "tiny", "--tokens", "512", "--batch-size", "4",
             "--seq-len", "32", "--eval-every", "4", "--eval-tokens", "256", "--save-every", "4", "--out", str(out)]
