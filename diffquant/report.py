@@ -8,9 +8,10 @@ A sweep (:mod:`diffquant.sweep`) writes one record per (checkpoint, quantization
   accuracies (:func:`~diffquant.evaluate.paired_bootstrap` on per-item correctness, plus the exact McNemar p),
   over windows for perplexity (:func:`~diffquant.evaluate.paired_bootstrap_ppl`; LAMBADA's perplexity is
   ``exp(-mean item log-likelihood)``, i.e. windows of one token-weight per item);
-* :func:`comparison_rows` sets each other arm (Diff, gated, clipped) against a Transformer at the same scheme,
-  task and bits: the difference of their degradations with a joint bootstrap interval (the same items / windows
-  in all four runs). It is reported as the other arm's **advantage**: positive = it lost less. For accuracy it
+* :func:`comparison_rows` sets each other arm (Diff, gated, clipped) against its Transformer partner
+  (:func:`declared_pairs`: the pairs the user names, else parameter-matched configs, preferring the same run
+  family, e.g. ``diff-lr1e-3-s0`` with ``transformer-lr1e-3-s0``) at the same scheme, task and bits: the
+  difference of their degradations with a joint bootstrap interval (the same items / windows in all four runs). It is reported as the other arm's **advantage**: positive = it lost less. For accuracy it
   is ``Δacc(other) − Δacc(Transformer)`` (:func:`~diffquant.evaluate.difference_of_degradations`); for
   perplexity, ``Δloss(Transformer) − Δloss(other)`` with ``Δloss = ln(ppl_q / ppl_16)`` in nats per token,
   which is scale-free, so models with different base perplexities compare fairly;
@@ -29,6 +30,7 @@ import json
 import logging
 import math
 import os
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +38,7 @@ from pathlib import Path
 import numpy as np
 from tabulate import tabulate
 
+from .config import ModelConfig
 from .evaluate import difference_of_degradations, mcnemar_exact, paired_arrays, paired_bootstrap, paired_bootstrap_ppl
 from .tables import FORMATS
 
@@ -294,10 +297,12 @@ class Comparison:
 
 
 def comparison_rows(records: Sequence[dict], metrics: Sequence[str] | None = None, n_boot: int = 10000,
-                    seed: int = 0) -> list[Comparison]:
-    """Every (Transformer, other arm) pair measured at the same scheme, task (items), metric and quantized bits."""
+                    seed: int = 0, pairs: Sequence[tuple[str, str]] | None = None) -> list[Comparison]:
+    """Every declared (Transformer, other arm) pair (:func:`declared_pairs`) measured at the same scheme, task
+    (items), metric and quantized bits."""
     check_metrics(records, metrics)
     records = _unique_labels(records)
+    partners = declared_pairs(records, pairs)
     base = _baselines(records)
     groups: dict[tuple, dict[str, list[dict]]] = {}
     for rec in records:
@@ -305,12 +310,14 @@ def comparison_rows(records: Sequence[dict], metrics: Sequence[str] | None = Non
             continue
         if not (is_finite(rec) and is_finite(base[baseline_key(rec)])):
             continue
-        where = (scheme_of(rec), rec["task"], rec.get("limit"), rec.get("seed"), rec["bits"])
+        where = (scheme_of(rec), rec["task"], rec.get("limit"), _field(rec, "subset"), rec.get("seed"), rec["bits"])
         groups.setdefault(where, {}).setdefault(rec["arch"], []).append(rec)
     out = []
-    for (scheme, _, _, _, bits), by_arch in groups.items():
+    for (scheme, *_, bits), by_arch in groups.items():
         for qt in by_arch.get("transformer", []):
             for qd in (r for arch, rs in by_arch.items() if arch != "transformer" for r in rs):
+                if (model_label(qt), model_label(qd)) not in partners:
+                    continue
                 bt, bd = base[baseline_key(qt)], base[baseline_key(qd)]
                 for metric in _selected_metrics(qt, metrics):
                     row = _compare(bt, qt, bd, qd, metric, n_boot, seed)
@@ -318,6 +325,51 @@ def comparison_rows(records: Sequence[dict], metrics: Sequence[str] | None = Non
                         out.append(Comparison(scheme, task_label(qt), metric, bits, model_label(qt),
                                               model_label(qd), **row, candidate_arch=qd["arch"]))
     return out
+
+
+ARCH_WORDS = re.compile("|".join(ARCH_NAMES), re.IGNORECASE)
+
+
+def declared_pairs(records: Sequence[dict], pairs: Sequence[tuple[str, str]] | None = None) -> set[tuple[str, str]]:
+    """(Transformer label, other arm's label) pairs to compare: ``pairs`` as given (each label checked), else
+    for each other-arm model the Transformers with its parameter-matched config (``ModelConfig.matched``), only
+    those of the same run family (the label without its arch name) when there are any. Unrelated models (e.g.
+    stories260K and a Diff trained here) are not compared unless named."""
+    archs = {model_label(r): r.get("arch") for r in records}
+    if pairs is not None:
+        for t, c in pairs:
+            if archs.get(t) != "transformer":
+                raise ValueError(f"pair {t}:{c}: {t!r} is not a Transformer model in the records "
+                                 f"(models: {', '.join(sorted(archs))})")
+            if archs.get(c) not in set(ARCH_NAMES) - {"transformer"}:
+                raise ValueError(f"pair {t}:{c}: {c!r} is not a Diff, gated or clipped model in the records "
+                                 f"(models: {', '.join(sorted(archs))})")
+        return set(pairs)
+    configs = {model_label(r): r.get("model") for r in records}
+    out = set()
+    for c, arch in archs.items():
+        if arch not in ARCH_NAMES or arch == "transformer":
+            continue
+        matched = [t for t, a in archs.items() if a == "transformer" and _matched(configs[t], configs[c])]
+        family = [t for t in matched if _family(t) == _family(c)]
+        out |= {(t, c) for t in (family or matched)}
+        if not matched:
+            log.info("%s: no Transformer with its matched config in the records; name a pair to compare it", c)
+    return out
+
+
+def _family(label: str) -> str:
+    return ARCH_WORDS.sub("", label)
+
+
+def _matched(transformer: dict | None, other: dict | None) -> bool:
+    """``other``'s parameter-matched Transformer config is ``transformer`` (attention implementation aside)."""
+    try:
+        mine = ModelConfig.from_dict(other).matched("transformer").to_dict()
+        theirs = ModelConfig.from_dict(transformer).to_dict()
+    except (TypeError, ValueError, AttributeError):
+        return False
+    return {k: v for k, v in mine.items() if k != "attn_impl"} == {k: v for k, v in theirs.items() if k != "attn_impl"}
 
 
 def _compare(bt, qt, bd, qd, metric: str, n_boot: int, seed: int) -> dict | None:
@@ -459,7 +511,7 @@ def _heading(text: str, fmt: str) -> str:
 
 
 def render_report(records: Sequence[dict], fmt: str = "markdown", metrics: Sequence[str] | None = None,
-                  n_boot: int = 10000, seed: int = 0) -> str:
+                  n_boot: int = 10000, seed: int = 0, pairs: Sequence[tuple[str, str]] | None = None) -> str:
     """The degradation tables (one per scheme) and the Diff-vs-Transformer section, in ``fmt``."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; choose one of markdown, csv, latex")
@@ -468,7 +520,7 @@ def render_report(records: Sequence[dict], fmt: str = "markdown", metrics: Seque
         log.warning("%d of %d records hold NaN/Inf losses: shown as %s, without deltas or comparisons", bad,
                     len(records), NONFINITE_MARK)
     cells = degradation_rows(records, metrics, n_boot, seed)
-    comparisons = comparison_rows(records, metrics, n_boot, seed)
+    comparisons = comparison_rows(records, metrics, n_boot, seed, pairs)
     if fmt == "csv":
         return render_csv(CSV_HEADER, csv_rows(cells, comparisons))
     parts = []

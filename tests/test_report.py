@@ -9,6 +9,7 @@ the relative names ``tiny-transformer`` / ``tiny-diff``).
 import ast
 import csv
 import io
+import json
 import math
 import shutil
 import subprocess
@@ -316,3 +317,41 @@ def test_every_other_arm_is_set_against_the_transformer(records):
                     for c in comps if c.candidate_arch == arm} for arm in ("diff", "gated")}
     assert by_arm["diff"] and by_arm["gated"] == by_arm["diff"]
     assert {c.candidate_arch for c in comparison_rows(records)} == {"diff"}
+
+
+def _copies(records, arch: str, label: str, **model_changes) -> list[dict]:
+    return [dict(r, checkpoint=label, label=label, model={**r["model"], **model_changes})
+            for r in records if r["arch"] == arch]
+
+
+def test_only_declared_pairs_are_compared(records):
+    """An unrelated Transformer (other config) is never paired by default; of two matched ones, the run family."""
+    stranger = _copies(records, "transformer", "stories260K", d_model=64)
+    twin = _copies(records, "transformer", "other-transformer")  # matched config, another run family
+    comps = comparison_rows(records + stranger + twin)
+    assert {(c.transformer, c.candidate) for c in comps} == {("tiny-transformer", "tiny-diff")}
+    assert {(c.transformer, c.candidate) for c in comparison_rows(records + stranger + twin[:0])} == {
+        ("tiny-transformer", "tiny-diff")}
+    alone = [r for r in records if r["arch"] == "diff"] + twin  # no same-family partner: the matched one
+    assert {(c.transformer, c.candidate) for c in comparison_rows(alone)} == {("other-transformer", "tiny-diff")}
+    named = comparison_rows(records + stranger, pairs=[("stories260K", "tiny-diff")])
+    assert named and {(c.transformer, c.candidate) for c in named} == {("stories260K", "tiny-diff")}
+    with pytest.raises(ValueError, match="'tiny-diff' is not a Transformer"):
+        comparison_rows(records, pairs=[("tiny-diff", "tiny-transformer")])
+
+
+def test_cli_pair_flag(tmp_path, capsys):
+    recs = load_records([FIXTURE])
+    extra = tmp_path / "extra.jsonl"
+    extra.write_text("".join(json.dumps(r) + "\n" for r in _copies(recs, "transformer", "stories260K", d_model=64)))
+    assert main(["report", str(FIXTURE), str(extra), "--n-boot", "200"]) == 0
+    out = capsys.readouterr().out
+    assert "tiny-transformer vs tiny-diff" in out and "stories260K vs" not in out
+    assert main(["report", str(FIXTURE), str(extra), "--n-boot", "200", "--pair", "stories260K:tiny-diff"]) == 0
+    out = capsys.readouterr().out
+    assert "stories260K vs tiny-diff" in out and "tiny-transformer vs tiny-diff" not in out
+    for bad, message in (("nocolon", "expected TRANSFORMER:OTHER"),
+                         ("ghost:tiny-diff", "'ghost' is not a Transformer")):
+        assert main(["report", str(FIXTURE), "--pair", bad]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and message in err
