@@ -11,8 +11,9 @@ A sweep (:mod:`diffquant.sweep`) writes one record per (checkpoint, quantization
 * :func:`comparison_rows` sets each other arm (Diff, gated, clipped) against its Transformer partner
   (:func:`declared_pairs`: the pairs the user names, else parameter-matched configs, preferring the same run
   family, e.g. ``diff-lr1e-3-s0`` with ``transformer-lr1e-3-s0``) at the same scheme, task and bits: the
-  difference of their degradations with a joint bootstrap interval (the same items / windows in all four runs). It is reported as the other arm's **advantage**: positive = it lost less. For accuracy it
-  is ``Δacc(other) − Δacc(Transformer)`` (:func:`~diffquant.evaluate.difference_of_degradations`); for
+  difference of their degradations with a joint bootstrap interval (the same items / windows in all four runs).
+  It is reported as the other arm's **advantage**: positive = it lost less. For accuracy it is
+  ``Δacc(other) − Δacc(Transformer)`` (:func:`~diffquant.evaluate.difference_of_degradations`); for
   perplexity, ``Δloss(Transformer) − Δloss(other)`` with ``Δloss = ln(ppl_q / ppl_16)`` in nats per token,
   which is scale-free, so models with different base perplexities compare fairly;
 * :func:`render_report` prints them (markdown / latex: one wide table per scheme, columns = bits from 16 down,
