@@ -40,7 +40,14 @@ import numpy as np
 from tabulate import tabulate
 
 from .config import ModelConfig
-from .evaluate import difference_of_degradations, mcnemar_exact, paired_arrays, paired_bootstrap, paired_bootstrap_ppl
+from .evaluate import (
+    bootstrap_ppl_ci,
+    difference_of_degradations,
+    mcnemar_exact,
+    paired_arrays,
+    paired_bootstrap,
+    paired_bootstrap_ppl,
+)
 from .tables import FORMATS
 
 log = logging.getLogger(__name__)
@@ -547,61 +554,104 @@ def csv_rows(cells: Sequence[Cell], comparisons: Sequence[Comparison]) -> list[l
 
 # ---------------------------------------------------------------------------------------------------- plots
 
+LINESTYLES = {"transformer": "-", "diff": "--", "gated": "-.", "clipped": ":"}
+MARKERS = "osD^vP*Xph"
+
+
+def value_interval(rec: dict, metric: str, n_boot: int = 10000, seed: int = 0) -> tuple[float, float]:
+    """The 95% bootstrap interval of a record's own value: over items (accuracy) or windows (perplexity)."""
+    if metric in ACCURACY_KEYS:
+        _, correct = paired_arrays(rec["metrics"], rec["metrics"], ACCURACY_KEYS[metric])
+        out = paired_bootstrap(np.zeros_like(correct), correct, n=n_boot, seed=seed)  # mean(correct − 0)
+        return out["low"], out["high"]
+    out = bootstrap_ppl_ci(_windows(rec, metric), n=n_boot, seed=seed)
+    return out["low"], out["high"]
+
+
 def plot_degradation(records: Sequence[dict], path: str | os.PathLike, metrics: Sequence[str] | None = None,
                      n_boot: int = 10000, seed: int = 0) -> Path:
-    """Figure 8: metric against bits (16 → 4, left to right), one line per model, one panel per
-    (scheme, task, metric). Error bars at quantized bits span the paired 95% interval of the delta, placed
-    at the 16-bit value plus the delta's bounds; the 16-bit point has none. Default metrics: acc_norm for
-    multiple choice, acc for LAMBADA, perplexity for text."""
+    """Figure 8: metric against bits (16 → 4, left to right), one line per model (its own colour and marker;
+    line style by arch), one panel per (scheme, task, metric). Error bars at quantized bits span the paired 95%
+    interval of the change from 16 bits, placed at the 16-bit value plus the change's bounds; at 16 bits, the
+    95% bootstrap interval of the value itself. A caption under the panels says so and names the data (items,
+    windows and tokens per task). Default metrics: acc_norm for multiple choice, acc for LAMBADA, perplexity
+    for text."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only; never a window
     import matplotlib.pyplot as plt
 
     from .io import atomic_path
-    from .plots import STYLE
 
     cells = [c for c in degradation_rows(records, metrics, n_boot, seed) if c.value is not None]
     if metrics is None:
         cells = [c for c in cells if c.metric == PRIMARY_METRIC[c.kind]]
     if not cells:
         raise ValueError("nothing to plot: no record holds finite results")
+    bases = {(model_label(r), task_label(r)): r for r in _unique_labels(records)
+             if r["bits"] == BASELINE_BITS and is_finite(r)}
+    models = list(dict.fromkeys(c.checkpoint for c in cells))  # one colour and marker per model, in every panel
     panels = list(dict.fromkeys((c.scheme, c.task, c.metric) for c in cells))
     ncols = min(3, len(panels))
     nrows = math.ceil(len(panels) / ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(4.8 * ncols, 3.6 * nrows), squeeze=False)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.8 * ncols, 3.6 * nrows + 0.6), squeeze=False)
     for ax, (scheme, task, metric) in zip(axes.flat, panels):
         mine = [c for c in cells if (c.scheme, c.task, c.metric) == (scheme, task, metric)]
         columns = _bits_columns(c.bits for c in mine)
-        for i, model in enumerate(dict.fromkeys(c.checkpoint for c in mine)):
-            _plot_model(ax, [c for c in mine if c.checkpoint == model], columns, STYLE, i)
+        here = list(dict.fromkeys(c.checkpoint for c in mine))
+        for j, model in enumerate(here):
+            model_cells = [c for c in mine if c.checkpoint == model]
+            base = bases.get((model_cells[0].model, task))
+            _plot_model(ax, model_cells, columns, models.index(model),
+                        value_interval(base, metric, n_boot, seed) if base is not None else None,
+                        dodge=0.05 * (j - (len(here) - 1) / 2))  # side by side: intervals do not hide each other
         scale = 100 if _is_acc(metric) else 1
         ax.set(xticks=range(len(columns)), xticklabels=[str(b) for b in columns], xlabel="bits",
                ylabel=f"{metric} (%)" if scale == 100 else metric, title=f"{task}\n{scheme}")
         ax.legend(fontsize=7)
     for ax in list(axes.flat)[len(panels):]:
         ax.set_visible(False)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.6 / (3.6 * nrows + 0.6), 1, 1))
+    fig.text(0.01, 0.005, figure_caption(list(bases.values()), n_boot), fontsize=7, va="bottom", ha="left",
+             wrap=True)
     with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return Path(path)
 
 
-def _plot_model(ax, cells: Sequence[Cell], columns: list[int], style: dict, i: int) -> None:
+def figure_caption(baselines: Sequence[dict], n_boot: int) -> str:
+    """What the error bars are, and the data: items or windows and tokens per task (from the 16-bit records)."""
+    data = {}
+    for rec in baselines:
+        m = rec["metrics"]
+        size = (f"{m['windows']} windows, {m['tokens']:,} tokens" if rec["kind"] == "perplexity"
+                else f"{m.get('n', len(m.get('items', [])))} items")
+        data.setdefault(task_label(rec), size)
+    return ("Error bars: 95% bootstrap intervals (" + f"{n_boot:,}" + " resamples) - at 16 bits of the value, at "
+            "fewer bits of the paired change from 16 bits, drawn around the 16-bit value.  Data: "
+            + "; ".join(f"{task}: {size}" for task, size in data.items()) + ".")
+
+
+def _plot_model(ax, cells: Sequence[Cell], columns: list[int], i: int, base_interval, dodge: float = 0.0) -> None:
     by_bits = {c.bits: c for c in cells}
-    xs = [columns.index(b) for b in columns if b in by_bits]
+    xs = [columns.index(b) + dodge for b in columns if b in by_bits]
     pts = [by_bits[b] for b in columns if b in by_bits]
     scale = 100 if _is_acc(pts[0].metric) else 1
     ys = [scale * c.value for c in pts]
     base = by_bits.get(BASELINE_BITS)
     lower, upper = [], []
     for c, y in zip(pts, ys):
-        if c.delta is None or base is None:
+        if c.bits == BASELINE_BITS and base_interval is not None:  # the 16-bit value's own interval
+            lower.append(max(0.0, y - scale * base_interval[0]))
+            upper.append(max(0.0, scale * base_interval[1] - y))
+        elif c.delta is None or base is None:
             lower.append(0.0)
             upper.append(0.0)
         else:  # the interval of the delta, placed at the 16-bit value
             lower.append(max(0.0, y - scale * (base.value + c.low)))
             upper.append(max(0.0, scale * (base.value + c.high) - y))
-    color = style.get(pts[0].arch, f"C{i + 2}")
-    ax.errorbar(xs, ys, yerr=[lower, upper], fmt="-o", color=color, capsize=3, label=pts[0].model)
+    arch = pts[0].arch
+    ax.errorbar(xs, ys, yerr=[lower, upper], color=f"C{i % 10}", marker=MARKERS[i % len(MARKERS)],
+                linestyle=LINESTYLES.get(arch, "-"), capsize=3,
+                label=f"{pts[0].model} ({ARCH_NAMES.get(arch, arch or '?')})")

@@ -209,6 +209,44 @@ def test_plot_is_written(records, tmp_path):
     assert not list(tmp_path.glob(".*"))  # the atomic write left no temporary file
 
 
+def test_plot_styles_models_shows_16_bit_intervals_and_a_caption(records, tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    twin = _copies(records, "transformer", "other-transformer")  # a second Transformer: its own colour and marker
+    plot_degradation(records + twin, tmp_path / "fig8.png", n_boot=300)
+    (fig,) = figures
+    styles = {}
+    for ax in (a for a in fig.axes if a.get_visible()):
+        for bars in ax.containers:
+            line, _, (ranges,) = bars.lines
+            label = bars.get_label()
+            style = (line.get_color(), line.get_marker(), line.get_linestyle())
+            assert styles.setdefault(label, style) == style  # the same model looks the same in every panel
+            x16, (y0, y1) = ranges.get_segments()[0][0][0], [p[1] for p in ranges.get_segments()[0]]
+            assert abs(x16) < 0.1 and (y1 > y0 or "tinystories" not in ax.get_title())  # the 16-bit point's interval
+    assert set(styles) == {"tiny-transformer (Transformer)", "other-transformer (Transformer)", "tiny-diff (Diff)"}
+    assert len({s[:2] for s in styles.values()}) == 3  # colour and marker per model, not per arch
+    caption = fig.texts[-1].get_text()
+    assert "Error bars: 95% bootstrap intervals (300 resamples)" in caption
+    assert "tinystories (random 16): 16 windows, 512 tokens" in caption and "copa (random 16): 16 items" in caption
+
+
+def test_value_interval_of_a_16_bit_record(records):
+    from diffquant.evaluate import bootstrap_ppl_ci
+    from diffquant.report import value_interval
+
+    base = {r["task"]: r for r in records if r["bits"] == 16 and r["arch"] == "diff"}
+    ppl = bootstrap_ppl_ci(base["tinystories"]["metrics"]["window_losses"], n=500, seed=1)
+    assert value_interval(base["tinystories"], "perplexity", 500, 1) == (ppl["low"], ppl["high"])
+    low, high = value_interval(base["copa"], "acc", 500, 1)
+    assert low <= base["copa"]["metrics"]["acc"] <= high and low < high
+    every = {**base["copa"], "metrics": {**base["copa"]["metrics"],
+                                         "items": [{**it, "correct": True} for it in base["copa"]["metrics"]["items"]]}}
+    assert value_interval(every, "acc", 500, 1) == (1.0, 1.0)
+
+
 def test_cli_renders_every_format_and_the_plot(tmp_path, capsys):
     for fmt in ("markdown", "csv", "latex"):
         assert main(["report", str(FIXTURE), "--format", fmt, "--n-boot", "500"]) == 0
