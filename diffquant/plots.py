@@ -14,7 +14,6 @@ from .io import atomic_path  # noqa: E402
 from .tables import SITE_NAMES  # noqa: E402
 
 
-
 def _save(fig, path: str | Path) -> Path:
     with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=120, bbox_inches="tight")
