@@ -98,10 +98,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+# presets whose vocabulary is a placeholder (tiny: 128 byte ids for unit tests), not part of the model's shape
+WIDENED_PRESETS = ("tiny",)
+
+
 def _fit_calib_vocab(model_cfg, args: argparse.Namespace):
-    """On the calib train split the project tokenizer sets the vocabulary: a preset with fewer tokens (tiny: 128)
-    is widened to the tokenizer's size, with a warning; corpora (--data) keep the preset's vocabulary."""
-    if args.data is not None:
+    """On the calib train split the project tokenizer sets the vocabulary of ``tiny`` (128 -> 8192, with a
+    warning); presets shaped after a tokenizer (xs, s: stories260K's 512) and corpora (--data) keep theirs."""
+    if args.data is not None or args.preset not in WIDENED_PRESETS:
         return model_cfg
     from ..tokenizer import default_tokenizer
 
@@ -116,8 +120,13 @@ def _fit_calib_vocab(model_cfg, args: argparse.Namespace):
 def _data(args: argparse.Namespace, model_cfg) -> tuple:
     """(train ids, validation ids, provenance, files to ship in checkpoints) for the chosen data."""
     if args.data is None:
+        from ..tokenizer import default_tokenizer
         from ..train import split_tokens
 
+        tok = default_tokenizer()
+        if tok.vocab_size > model_cfg.vocab_size:
+            raise UserError(f"the calib split's tokenizer has {tok.vocab_size} tokens but preset {args.preset!r} only "
+                            f"{model_cfg.vocab_size}; train it on a token corpus (--data, see `diffquant sample`)")
         train_ids, train_info = split_tokens("train")
         val_ids, val_info = split_tokens("validation")
         return train_ids, val_ids, {**train_info, **val_info}, None
