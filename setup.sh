@@ -9,7 +9,8 @@ VENV=${DIFFQUANT_VENV:-.venv}
 "$VENV/bin/python" -m pip install -q --upgrade pip
 # torch first and pinned: the CPU build lies on disk; an unpinned torch would pull a multi-GB CUDA build.
 "$VENV/bin/python" -m pip install -q torch==2.13.0
-"$VENV/bin/python" -m pip install -q -e '.[dev,bnb]'
+# lmeval: lm-evaluation-harness, for the adapter and its tests (adds datasets, pandas, ...; torch is untouched)
+"$VENV/bin/python" -m pip install -q -e '.[dev,bnb,lmeval]'
 if [ "${1:-}" != "--no-demo" ]; then
     "$VENV/bin/diffquant" demo
 fi

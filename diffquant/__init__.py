@@ -5,6 +5,7 @@ import logging
 from . import quant
 from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from .config import ModelConfig
+from .data import text_batches
 from .model import LM, build_model, num_params
 from .probes import Probe, hooked, probes
 from .profile import OutlierReport, profile
@@ -16,4 +17,5 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 __all__ = [
     "CheckpointError", "LM", "ModelConfig", "Probe", "build_model", "hooked", "load_checkpoint", "num_params",
     "OutlierReport", "probes", "profile", "quant", "quantize", "quantize_", "save_checkpoint",
+    "text_batches",
 ]

@@ -232,13 +232,15 @@ def score_lambada(model, tokenizer, items: Sequence[Item], batch_size: int = 8, 
 
 
 def evaluate_task(model, tokenizer, task: str, limit: int | None = None, seed: int = 0, batch_size: int = 8,
-                  bos: bool = True, progress: bool = True, path=None) -> dict:
-    """Load ``task`` (optionally a seeded ``limit`` subset or another file in its format) and score it."""
+                  bos: bool = True, progress: bool = True, path=None, subset: str = "first") -> dict:
+    """Load ``task`` (optionally ``limit`` items: the first, or a seeded subset with ``subset="random"``; or
+    another file in its format) and score it."""
     name = canonical_task(task)
-    items = load_task(name, limit=limit, seed=seed, path=path)
+    items = load_task(name, limit=limit, seed=seed, path=path, subset=subset)
     score = score_lambada if TASKS[name].kind == "lambada" else score_multiple_choice
     result = score(model, tokenizer, items, batch_size=batch_size, bos=bos, progress=progress)
-    return {"task": name, "kind": TASKS[name].kind, "limit": limit, "seed": seed, **result}
+    return {"task": name, "kind": TASKS[name].kind, "limit": limit, "subset": subset if limit else None,
+            "seed": seed, **result}
 
 
 def _check_items(items: Sequence[Item]) -> None:

@@ -225,10 +225,10 @@ def _save_tokenizer(tokenizer, folder: Path, max_len: int) -> None:
     """tokenizer.json (+ tokenizer.model for SentencePiece) and a minimal tokenizer_config.json for AutoTokenizer."""
     source = Path(tokenizer.path) if tokenizer.path else None
     if tokenizer.kind == "hf":
-        if source is not None and source.is_file():
-            shutil.copyfile(source, folder / TOKENIZER_FILE)
-        else:
-            tokenizer.backend.save(str(folder / TOKENIZER_FILE))
+        backend = _tokenizers().Tokenizer.from_str(tokenizer.backend.to_str())  # a copy: the caller's stays as is
+        if tokenizer.bos_id is not None:  # our models are trained with BOS before every document
+            _add_bos(backend, backend.id_to_token(tokenizer.bos_id), tokenizer.bos_id)
+        backend.save(str(folder / TOKENIZER_FILE))
         specials = {}
     else:
         backend = sentencepiece_to_tokenizers(tokenizer)
@@ -269,14 +269,19 @@ def sentencepiece_to_tokenizers(tokenizer):
     specials = [pieces[i] for i in range(len(pieces)) if sp.is_control(i) or sp.is_unknown(i)]
     tok.add_special_tokens([tk.AddedToken(s, special=True, normalized=False) for s in specials])
     if tokenizer.bos_id is not None:
-        bos = pieces[tokenizer.bos_id]
-        tok.post_processor = tk.processors.TemplateProcessing(
-            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tokenizer.bos_id)])
+        _add_bos(tok, pieces[tokenizer.bos_id], tokenizer.bos_id)
     probe = "Once upon a time, a  little café owner said: \"Hello\tworld!\"\n\n 42 × ünïcödé 😀 "
     if tok.encode(probe, add_special_tokens=False).ids != sp.encode(probe):
         raise CheckpointError(f"cannot express the SentencePiece model {tokenizer.path} as tokenizer.json "
                               "(not a BPE model?)")
     return tok
+
+
+def _add_bos(tok, bos: str, bos_id: int) -> None:
+    """BOS before every sequence when special tokens are added (what transformers and lm-eval's ``hf`` do by
+    default), as the models saw in training."""
+    tok.post_processor = _tokenizers().processors.TemplateProcessing(
+        single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, bos_id)])
 
 
 def _tokenizers():

@@ -20,17 +20,28 @@ lm_eval is imported only when the class is first used, so ``import diffquant.lme
 
 :func:`register` adds the name ``diffquant`` to lm-eval's model registry, for code that picks models by name:
 ``simple_evaluate(model="diffquant", model_args="pretrained=runs/small-diff/final,batch_size=16", ...)``.
+
+From the command line: lm-eval (0.4.x) finds models only in its own registry (no plugin entry points), so a
+bare ``lm_eval --model diffquant`` cannot see this package. ``python -m diffquant.lmeval ARGS`` is lm-eval's
+command line with ``diffquant`` registered first; every argument is lm-eval's own::
+
+    python -m diffquant.lmeval --model diffquant --model_args pretrained=runs/small-diff/final \
+        --batch_size 16 --tasks hellaswag --limit 100
+
+``--batch_size`` and ``--device`` are lm-eval's own flags there (lm-eval refuses them again in ``--model_args``);
+its default device ``cuda:0`` falls back to the CPU where CUDA is missing, as lm-eval's ``hf`` model does.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-__all__ = ["lm_class", "register"]  # and DiffquantLM, built on first access (module __getattr__)
+__all__ = ["lm_class", "main", "register"]  # and DiffquantLM, built on first access (module __getattr__)
 
 REGISTERED_NAME = "diffquant"
 GENERATE_STEP = 16  # tokens generated between checks for a stop string
@@ -56,12 +67,39 @@ def lm_class():
 
 def register(name: str = REGISTERED_NAME):
     """Register the adapter with lm-eval's model registry as ``name`` (``--model diffquant``); idempotent."""
+    cls = lm_class()  # a clear ImportError without lm-eval
     from lm_eval.api import registry
 
-    cls = lm_class()
+    try:  # lm-eval fills its registry with its own models only while it is empty: let it do so first
+        import lm_eval.models  # noqa: F401
+    except ImportError:  # pragma: no cover - an lm-eval without a models package
+        pass
     if registry.MODEL_REGISTRY.get(name, None) is not cls:
         registry.register_model(name)(cls)
     return cls
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m diffquant.lmeval ARGS``: lm-eval's command line (``lm_eval ARGS``) with ``diffquant`` registered.
+
+    Returns lm-eval's exit status; without lm-eval installed, one line on stderr and 2.
+    """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        register()
+        from lm_eval.__main__ import cli_evaluate
+    except ImportError as exc:
+        sys.stderr.write(f"diffquant.lmeval: error: {exc}\n")
+        return 2
+    saved = sys.argv
+    sys.argv = ["lm_eval", *argv]  # lm-eval's parser reads sys.argv itself
+    try:
+        cli_evaluate()
+    except SystemExit as exc:  # argparse and lm-eval exit this way
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        sys.argv = saved
+    return 0
 
 
 def __getattr__(name: str):
@@ -112,6 +150,17 @@ def _as_int(value, name: str, default: int) -> int:
         raise ValueError(f"{name} must be an integer, got {value!r}") from None
 
 
+def _device(device) -> str:
+    """The device to load on: a CUDA device where CUDA is missing (lm-eval's CLI default) becomes the CPU."""
+    import torch
+
+    device = "cpu" if device is None else str(device)
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        log.warning("CUDA is not available: running on the CPU instead of %s", device)
+        return "cpu"
+    return device
+
+
 def _as_bool(value) -> bool:
     return value if isinstance(value, bool) else str(value).strip().lower() in ("1", "true", "yes")
 
@@ -137,7 +186,8 @@ def _build(TemplateLM):
                 raise ValueError("DiffquantLM needs pretrained= (a checkpoint path or a model)")
             if kwargs:
                 log.warning("DiffquantLM ignores %s", ", ".join(sorted(kwargs)))
-            self.model = _load_model(pretrained, quant, str(device), _as_int(calib_tokens, "calib_tokens", 32768),
+            device = _device(device)
+            self.model = _load_model(pretrained, quant, device, _as_int(calib_tokens, "calib_tokens", 32768),
                                      _as_int(seed, "seed", 0)).eval()
             if isinstance(tokenizer, Tokenizer):
                 self.tok = tokenizer
@@ -150,7 +200,7 @@ def _build(TemplateLM):
             self.batch_size = _as_int(batch_size, "batch_size", 8)
             self.max_length = _as_int(max_length, "max_length", model_max_len(self.model))
             self.bos = _as_bool(bos)
-            self._device = str(device)
+            self._device = device
 
         # --- tokenizer
         @property
@@ -232,3 +282,9 @@ def _build(TemplateLM):
             return text
 
     return DiffquantLM
+
+
+if __name__ == "__main__":  # run the imported module's main: one DiffquantLM class, not a second one in __main__
+    from diffquant.lmeval import main as _main
+
+    sys.exit(_main())

@@ -13,8 +13,6 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 from .io import atomic_path  # noqa: E402
 from .tables import SITE_NAMES  # noqa: E402
 
-STYLE = {"transformer": "tab:blue", "diff": "tab:red", "gated": "tab:green", "clipped": "tab:purple"}
-
 
 def _save(fig, path: str | Path) -> Path:
     with atomic_path(path) as tmp:
@@ -28,7 +26,8 @@ def _sites(records: dict[str, dict]) -> list[str]:
 
 
 def _color(rec: dict, i: int) -> str:
-    return STYLE.get(rec.get("model", {}).get("arch"), f"C{i + 2}")
+    """One colour per model (or series), so two models of the same arch stay apart."""
+    return f"C{i % 10}"
 
 
 def plot_layers(records: dict[str, dict], path: str | Path) -> Path:

@@ -12,12 +12,15 @@ query-chunked forward into account.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+log = logging.getLogger(__name__)
 
 # Attention maps (query x key, causally masked): logits, softmax probabilities, Diff's λ-combined map, and the
 # clipped arm's probabilities after the clip.
@@ -83,9 +86,16 @@ def hooked(
     model: nn.Module, hook: ProbeHook, kinds: str | tuple[str, ...] | None = None,
     select: Callable[[str, Probe], bool] | None = None,
 ) -> Iterator[dict[str, Probe]]:
-    """Attach ``hook`` to the selected probes for the duration of the block; always detach it."""
+    """Attach ``hook`` to the selected probes for the duration of the block; always detach it.
+
+    Attention maps (logits, probabilities, Diff's map, clipped probabilities) exist only on the eager path: when
+    such probes are chosen on a model running fused attention (sdpa / flash), its attention modules run eager
+    inside the block (same outputs; their query-chunk setting kept) and are switched back after it; a model
+    whose config says fused attention but has no switchable modules gets a warning.
+    """
     chosen = {n: p for n, p in probes(model, kinds).items() if select is None or select(n, p)}
     handles = []
+    fused = _eager_for_maps(model, chosen)
     try:
         for name, probe in chosen.items():
             handles.append(probe.register_forward_hook(_adapt(name, hook), with_kwargs=True))
@@ -93,6 +103,24 @@ def hooked(
     finally:
         for handle in handles:
             handle.remove()
+        for module, impl in fused:
+            module.impl = impl
+
+
+def _eager_for_maps(model: nn.Module, chosen: dict[str, Probe]) -> list[tuple[nn.Module, str]]:
+    """Switch fused attention modules (those with ``impl`` and ``chunk``, as profile's) to eager when attention
+    maps are probed, keeping their chunk; returns what to restore."""
+    if not any(p.kind in CAUSAL_KINDS for p in chosen.values()):
+        return []
+    fused = [(m, m.impl) for m in model.modules() if hasattr(m, "impl") and hasattr(m, "chunk") and m.impl != "eager"]
+    impl = getattr(getattr(model, "config", None), "attn_impl", "eager")
+    if not fused and impl != "eager":
+        log.warning("attention-map probes never fire on %s attention; run the model with eager attention", impl)
+    if fused:
+        log.info("attention maps exist only on the eager path: running eager (not %s) inside hooked()", fused[0][1])
+    for m, _ in fused:
+        m.impl = "eager"
+    return fused
 
 
 def _adapt(name: str, hook: ProbeHook):

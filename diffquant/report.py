@@ -8,10 +8,12 @@ A sweep (:mod:`diffquant.sweep`) writes one record per (checkpoint, quantization
   accuracies (:func:`~diffquant.evaluate.paired_bootstrap` on per-item correctness, plus the exact McNemar p),
   over windows for perplexity (:func:`~diffquant.evaluate.paired_bootstrap_ppl`; LAMBADA's perplexity is
   ``exp(-mean item log-likelihood)``, i.e. windows of one token-weight per item);
-* :func:`comparison_rows` sets each other arm (Diff, gated, clipped) against a Transformer at the same scheme,
-  task and bits: the difference of their degradations with a joint bootstrap interval (the same items / windows
-  in all four runs). It is reported as the other arm's **advantage**: positive = it lost less. For accuracy it
-  is ``Δacc(other) − Δacc(Transformer)`` (:func:`~diffquant.evaluate.difference_of_degradations`); for
+* :func:`comparison_rows` sets each other arm (Diff, gated, clipped) against its Transformer partner
+  (:func:`declared_pairs`: the pairs the user names, else parameter-matched configs, preferring the same run
+  family, e.g. ``diff-lr1e-3-s0`` with ``transformer-lr1e-3-s0``) at the same scheme, task and bits: the
+  difference of their degradations with a joint bootstrap interval (the same items / windows in all four runs).
+  It is reported as the other arm's **advantage**: positive = it lost less. For accuracy it is
+  ``Δacc(other) − Δacc(Transformer)`` (:func:`~diffquant.evaluate.difference_of_degradations`); for
   perplexity, ``Δloss(Transformer) − Δloss(other)`` with ``Δloss = ln(ppl_q / ppl_16)`` in nats per token,
   which is scale-free, so models with different base perplexities compare fairly;
 * :func:`render_report` prints them (markdown / latex: one wide table per scheme, columns = bits from 16 down,
@@ -29,6 +31,7 @@ import json
 import logging
 import math
 import os
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,17 +39,25 @@ from pathlib import Path
 import numpy as np
 from tabulate import tabulate
 
-from .evaluate import difference_of_degradations, mcnemar_exact, paired_arrays, paired_bootstrap, paired_bootstrap_ppl
+from .config import ModelConfig
+from .evaluate import (
+    bootstrap_ppl_ci,
+    difference_of_degradations,
+    mcnemar_exact,
+    paired_arrays,
+    paired_bootstrap,
+    paired_bootstrap_ppl,
+)
 from .tables import FORMATS
 
 log = logging.getLogger(__name__)
 
 BASELINE_BITS = 16
 # What makes two records the same measurement (resuming skips a cell whose key is already in the file).
-KEY_FIELDS = ("checkpoint", "target", "bits", "granularity", "group_size", "calib_tokens", "task", "limit", "seed",
-              "attn_impl")
+KEY_FIELDS = ("checkpoint", "target", "bits", "granularity", "group_size", "calib_tokens", "task", "limit", "subset",
+              "seed", "attn_impl")
 # A quantized record's baseline: the same checkpoint, data and evaluation settings at 16 bits.
-BASELINE_FIELDS = ("checkpoint", "task", "limit", "seed", "attn_impl")
+BASELINE_FIELDS = ("checkpoint", "task", "limit", "subset", "seed", "attn_impl")
 METRICS = {"perplexity": ("perplexity",), "multiple_choice": ("acc", "acc_norm"), "lambada": ("acc", "perplexity")}
 PRIMARY_METRIC = {"perplexity": "perplexity", "multiple_choice": "acc_norm", "lambada": "acc"}
 ACCURACY_KEYS = {"acc": "correct", "acc_norm": "correct_norm"}
@@ -59,11 +70,17 @@ CSV_HEADER = ["section", "scheme", "model", "arch", "task", "metric", "bits", "v
 # ---------------------------------------------------------------------------------------------------- records
 
 def record_key(rec: dict) -> tuple:
-    return tuple(_hashable(rec.get(f)) for f in KEY_FIELDS)
+    return tuple(_hashable(_field(rec, f)) for f in KEY_FIELDS)
 
 
 def baseline_key(rec: dict) -> tuple:
-    return tuple(_hashable(rec.get(f)) for f in BASELINE_FIELDS)
+    return tuple(_hashable(_field(rec, f)) for f in BASELINE_FIELDS)
+
+
+def _field(rec: dict, name: str):
+    if name == "subset" and "subset" not in rec:  # records before `subset` existed: --limit was a seeded subset
+        return "random" if rec.get("limit") is not None else None
+    return rec.get(name)
 
 
 def _hashable(value):
@@ -160,7 +177,10 @@ def _unique_labels(records: Sequence[dict]) -> list[dict]:
 
 
 def task_label(rec: dict) -> str:
-    return rec["task"] if rec.get("limit") is None else f"{rec['task']} (limit {rec['limit']})"
+    if rec.get("limit") is None:
+        return rec["task"]
+    which = "first" if _field(rec, "subset") == "first" else "random"
+    return f"{rec['task']} ({which} {rec['limit']})"
 
 
 # ---------------------------------------------------------------------------------------------------- statistics
@@ -285,10 +305,12 @@ class Comparison:
 
 
 def comparison_rows(records: Sequence[dict], metrics: Sequence[str] | None = None, n_boot: int = 10000,
-                    seed: int = 0) -> list[Comparison]:
-    """Every (Transformer, other arm) pair measured at the same scheme, task (items), metric and quantized bits."""
+                    seed: int = 0, pairs: Sequence[tuple[str, str]] | None = None) -> list[Comparison]:
+    """Every declared (Transformer, other arm) pair (:func:`declared_pairs`) measured at the same scheme, task
+    (items), metric and quantized bits."""
     check_metrics(records, metrics)
     records = _unique_labels(records)
+    partners = declared_pairs(records, pairs)
     base = _baselines(records)
     groups: dict[tuple, dict[str, list[dict]]] = {}
     for rec in records:
@@ -296,12 +318,14 @@ def comparison_rows(records: Sequence[dict], metrics: Sequence[str] | None = Non
             continue
         if not (is_finite(rec) and is_finite(base[baseline_key(rec)])):
             continue
-        where = (scheme_of(rec), rec["task"], rec.get("limit"), rec.get("seed"), rec["bits"])
+        where = (scheme_of(rec), rec["task"], rec.get("limit"), _field(rec, "subset"), rec.get("seed"), rec["bits"])
         groups.setdefault(where, {}).setdefault(rec["arch"], []).append(rec)
     out = []
-    for (scheme, _, _, _, bits), by_arch in groups.items():
+    for (scheme, *_, bits), by_arch in groups.items():
         for qt in by_arch.get("transformer", []):
             for qd in (r for arch, rs in by_arch.items() if arch != "transformer" for r in rs):
+                if (model_label(qt), model_label(qd)) not in partners:
+                    continue
                 bt, bd = base[baseline_key(qt)], base[baseline_key(qd)]
                 for metric in _selected_metrics(qt, metrics):
                     row = _compare(bt, qt, bd, qd, metric, n_boot, seed)
@@ -309,6 +333,51 @@ def comparison_rows(records: Sequence[dict], metrics: Sequence[str] | None = Non
                         out.append(Comparison(scheme, task_label(qt), metric, bits, model_label(qt),
                                               model_label(qd), **row, candidate_arch=qd["arch"]))
     return out
+
+
+ARCH_WORDS = re.compile("|".join(ARCH_NAMES), re.IGNORECASE)
+
+
+def declared_pairs(records: Sequence[dict], pairs: Sequence[tuple[str, str]] | None = None) -> set[tuple[str, str]]:
+    """(Transformer label, other arm's label) pairs to compare: ``pairs`` as given (each label checked), else
+    for each other-arm model the Transformers with its parameter-matched config (``ModelConfig.matched``), only
+    those of the same run family (the label without its arch name) when there are any. Unrelated models (e.g.
+    stories260K and a Diff trained here) are not compared unless named."""
+    archs = {model_label(r): r.get("arch") for r in records}
+    if pairs is not None:
+        for t, c in pairs:
+            if archs.get(t) != "transformer":
+                raise ValueError(f"pair {t}:{c}: {t!r} is not a Transformer model in the records "
+                                 f"(models: {', '.join(sorted(archs))})")
+            if archs.get(c) not in set(ARCH_NAMES) - {"transformer"}:
+                raise ValueError(f"pair {t}:{c}: {c!r} is not a Diff, gated or clipped model in the records "
+                                 f"(models: {', '.join(sorted(archs))})")
+        return set(pairs)
+    configs = {model_label(r): r.get("model") for r in records}
+    out = set()
+    for c, arch in archs.items():
+        if arch not in ARCH_NAMES or arch == "transformer":
+            continue
+        matched = [t for t, a in archs.items() if a == "transformer" and _matched(configs[t], configs[c])]
+        family = [t for t in matched if _family(t) == _family(c)]
+        out |= {(t, c) for t in (family or matched)}
+        if not matched:
+            log.info("%s: no Transformer with its matched config in the records; name a pair to compare it", c)
+    return out
+
+
+def _family(label: str) -> str:
+    return ARCH_WORDS.sub("", label)
+
+
+def _matched(transformer: dict | None, other: dict | None) -> bool:
+    """``other``'s parameter-matched Transformer config is ``transformer`` (attention implementation aside)."""
+    try:
+        mine = ModelConfig.from_dict(other).matched("transformer").to_dict()
+        theirs = ModelConfig.from_dict(transformer).to_dict()
+    except (TypeError, ValueError, AttributeError):
+        return False
+    return {k: v for k, v in mine.items() if k != "attn_impl"} == {k: v for k, v in theirs.items() if k != "attn_impl"}
 
 
 def _compare(bt, qt, bd, qd, metric: str, n_boot: int, seed: int) -> dict | None:
@@ -450,7 +519,7 @@ def _heading(text: str, fmt: str) -> str:
 
 
 def render_report(records: Sequence[dict], fmt: str = "markdown", metrics: Sequence[str] | None = None,
-                  n_boot: int = 10000, seed: int = 0) -> str:
+                  n_boot: int = 10000, seed: int = 0, pairs: Sequence[tuple[str, str]] | None = None) -> str:
     """The degradation tables (one per scheme) and the Diff-vs-Transformer section, in ``fmt``."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; choose one of markdown, csv, latex")
@@ -459,7 +528,7 @@ def render_report(records: Sequence[dict], fmt: str = "markdown", metrics: Seque
         log.warning("%d of %d records hold NaN/Inf losses: shown as %s, without deltas or comparisons", bad,
                     len(records), NONFINITE_MARK)
     cells = degradation_rows(records, metrics, n_boot, seed)
-    comparisons = comparison_rows(records, metrics, n_boot, seed)
+    comparisons = comparison_rows(records, metrics, n_boot, seed, pairs)
     if fmt == "csv":
         return render_csv(CSV_HEADER, csv_rows(cells, comparisons))
     parts = []
@@ -485,61 +554,104 @@ def csv_rows(cells: Sequence[Cell], comparisons: Sequence[Comparison]) -> list[l
 
 # ---------------------------------------------------------------------------------------------------- plots
 
+LINESTYLES = {"transformer": "-", "diff": "--", "gated": "-.", "clipped": ":"}
+MARKERS = "osD^vP*Xph"
+
+
+def value_interval(rec: dict, metric: str, n_boot: int = 10000, seed: int = 0) -> tuple[float, float]:
+    """The 95% bootstrap interval of a record's own value: over items (accuracy) or windows (perplexity)."""
+    if metric in ACCURACY_KEYS:
+        _, correct = paired_arrays(rec["metrics"], rec["metrics"], ACCURACY_KEYS[metric])
+        out = paired_bootstrap(np.zeros_like(correct), correct, n=n_boot, seed=seed)  # mean(correct − 0)
+        return out["low"], out["high"]
+    out = bootstrap_ppl_ci(_windows(rec, metric), n=n_boot, seed=seed)
+    return out["low"], out["high"]
+
+
 def plot_degradation(records: Sequence[dict], path: str | os.PathLike, metrics: Sequence[str] | None = None,
                      n_boot: int = 10000, seed: int = 0) -> Path:
-    """Figure 8: metric against bits (16 → 4, left to right), one line per model, one panel per
-    (scheme, task, metric). Error bars at quantized bits span the paired 95% interval of the delta, placed
-    at the 16-bit value plus the delta's bounds; the 16-bit point has none. Default metrics: acc_norm for
-    multiple choice, acc for LAMBADA, perplexity for text."""
+    """Figure 8: metric against bits (16 → 4, left to right), one line per model (its own colour and marker;
+    line style by arch), one panel per (scheme, task, metric). Error bars at quantized bits span the paired 95%
+    interval of the change from 16 bits, placed at the 16-bit value plus the change's bounds; at 16 bits, the
+    95% bootstrap interval of the value itself. A caption under the panels says so and names the data (items,
+    windows and tokens per task). Default metrics: acc_norm for multiple choice, acc for LAMBADA, perplexity
+    for text."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only; never a window
     import matplotlib.pyplot as plt
 
     from .io import atomic_path
-    from .plots import STYLE
 
     cells = [c for c in degradation_rows(records, metrics, n_boot, seed) if c.value is not None]
     if metrics is None:
         cells = [c for c in cells if c.metric == PRIMARY_METRIC[c.kind]]
     if not cells:
         raise ValueError("nothing to plot: no record holds finite results")
+    bases = {(model_label(r), task_label(r)): r for r in _unique_labels(records)
+             if r["bits"] == BASELINE_BITS and is_finite(r)}
+    models = list(dict.fromkeys(c.checkpoint for c in cells))  # one colour and marker per model, in every panel
     panels = list(dict.fromkeys((c.scheme, c.task, c.metric) for c in cells))
     ncols = min(3, len(panels))
     nrows = math.ceil(len(panels) / ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(4.8 * ncols, 3.6 * nrows), squeeze=False)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.8 * ncols, 3.6 * nrows + 0.6), squeeze=False)
     for ax, (scheme, task, metric) in zip(axes.flat, panels):
         mine = [c for c in cells if (c.scheme, c.task, c.metric) == (scheme, task, metric)]
         columns = _bits_columns(c.bits for c in mine)
-        for i, model in enumerate(dict.fromkeys(c.checkpoint for c in mine)):
-            _plot_model(ax, [c for c in mine if c.checkpoint == model], columns, STYLE, i)
+        here = list(dict.fromkeys(c.checkpoint for c in mine))
+        for j, model in enumerate(here):
+            model_cells = [c for c in mine if c.checkpoint == model]
+            base = bases.get((model_cells[0].model, task))
+            _plot_model(ax, model_cells, columns, models.index(model),
+                        value_interval(base, metric, n_boot, seed) if base is not None else None,
+                        dodge=0.05 * (j - (len(here) - 1) / 2))  # side by side: intervals do not hide each other
         scale = 100 if _is_acc(metric) else 1
         ax.set(xticks=range(len(columns)), xticklabels=[str(b) for b in columns], xlabel="bits",
                ylabel=f"{metric} (%)" if scale == 100 else metric, title=f"{task}\n{scheme}")
         ax.legend(fontsize=7)
     for ax in list(axes.flat)[len(panels):]:
         ax.set_visible(False)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.6 / (3.6 * nrows + 0.6), 1, 1))
+    fig.text(0.01, 0.005, figure_caption(list(bases.values()), n_boot), fontsize=7, va="bottom", ha="left",
+             wrap=True)
     with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return Path(path)
 
 
-def _plot_model(ax, cells: Sequence[Cell], columns: list[int], style: dict, i: int) -> None:
+def figure_caption(baselines: Sequence[dict], n_boot: int) -> str:
+    """What the error bars are, and the data: items or windows and tokens per task (from the 16-bit records)."""
+    data = {}
+    for rec in baselines:
+        m = rec["metrics"]
+        size = (f"{m['windows']} windows, {m['tokens']:,} tokens" if rec["kind"] == "perplexity"
+                else f"{m.get('n', len(m.get('items', [])))} items")
+        data.setdefault(task_label(rec), size)
+    return ("Error bars: 95% bootstrap intervals (" + f"{n_boot:,}" + " resamples) - at 16 bits of the value, at "
+            "fewer bits of the paired change from 16 bits, drawn around the 16-bit value.  Data: "
+            + "; ".join(f"{task}: {size}" for task, size in data.items()) + ".")
+
+
+def _plot_model(ax, cells: Sequence[Cell], columns: list[int], i: int, base_interval, dodge: float = 0.0) -> None:
     by_bits = {c.bits: c for c in cells}
-    xs = [columns.index(b) for b in columns if b in by_bits]
+    xs = [columns.index(b) + dodge for b in columns if b in by_bits]
     pts = [by_bits[b] for b in columns if b in by_bits]
     scale = 100 if _is_acc(pts[0].metric) else 1
     ys = [scale * c.value for c in pts]
     base = by_bits.get(BASELINE_BITS)
     lower, upper = [], []
     for c, y in zip(pts, ys):
-        if c.delta is None or base is None:
+        if c.bits == BASELINE_BITS and base_interval is not None:  # the 16-bit value's own interval
+            lower.append(max(0.0, y - scale * base_interval[0]))
+            upper.append(max(0.0, scale * base_interval[1] - y))
+        elif c.delta is None or base is None:
             lower.append(0.0)
             upper.append(0.0)
         else:  # the interval of the delta, placed at the 16-bit value
             lower.append(max(0.0, y - scale * (base.value + c.low)))
             upper.append(max(0.0, scale * (base.value + c.high) - y))
-    color = style.get(pts[0].arch, f"C{i + 2}")
-    ax.errorbar(xs, ys, yerr=[lower, upper], fmt="-o", color=color, capsize=3, label=pts[0].model)
+    arch = pts[0].arch
+    ax.errorbar(xs, ys, yerr=[lower, upper], color=f"C{i % 10}", marker=MARKERS[i % len(MARKERS)],
+                linestyle=LINESTYLES.get(arch, "-"), capsize=3,
+                label=f"{pts[0].model} ({ARCH_NAMES.get(arch, arch or '?')})")

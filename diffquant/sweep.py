@@ -10,8 +10,9 @@ A sweep quantizes one *target* at the given bit widths and scores each result on
   ``tinystories`` (the cased sample), any calib source name or a text file; zero-shot multiple choice on the
   tasks of :mod:`diffquant.tasks` (``hellaswag``, ``copa``, ...), or ``TASK:PATH`` for another file in that
   task's format;
-* ``limit``: a fixed seeded subset of N items (multiple choice) or of N rolling windows (perplexity; each
-  window is ``max_seq_len`` tokens, lm-eval's disjoint windows), the same subset for every model and bit width.
+* ``limit``: N items (multiple choice) or N rolling windows (perplexity; each window is ``max_seq_len`` tokens,
+  lm-eval's disjoint windows): the first N, as lm-eval's ``--limit``, or with ``subset="random"`` a fixed seeded
+  subset; the same for every model and bit width. Records say which (``subset``: first | random | null).
 
 Records (one JSON object per line) hold the metrics with their per-item / per-window results (for the paired
 statistics of :mod:`diffquant.report`), the quantization config, the settings, the model config and versions.
@@ -45,7 +46,7 @@ from .io import locked_append
 from .quant import ActQuant, QuantConfig, WeightQuant, quantize_model
 from .quant.packed import QUANT_FILE
 from .report import BASELINE_BITS, read_records, record_key
-from .tasks import TASKS, canonical_task, load_task, subset_ids
+from .tasks import SUBSETS, TASKS, canonical_task, limit_ids, load_task
 from .tokenizer import default_tokenizer_path, tokenizer_for
 
 log = logging.getLogger(__name__)
@@ -167,11 +168,11 @@ def resolve_task(name: str) -> Task:
                      "or TASK:PATH")
 
 
-def _task_data(task: Task, limit: int | None, seed: int):
+def _task_data(task: Task, limit: int | None, seed: int, subset: str = "first"):
     """Documents of a perplexity task; for zero-shot tasks the items are loaded once to fail early."""
     if task.kind == "perplexity":
         return documents(task.source)
-    return load_task(task.name.partition(":")[0], limit=limit, seed=seed, path=task.source)
+    return load_task(task.name.partition(":")[0], limit=limit, seed=seed, path=task.source, subset=subset)
 
 
 # ---------------------------------------------------------------------------------------------------- scoring
@@ -192,13 +193,14 @@ def document_windows(tokenizer, docs, max_len: int) -> list[tuple[list[int], lis
 
 
 def perplexity_metrics(model, tokenizer, docs, limit: int | None = None, seed: int = 0, batch_size: int = 8,
-                       progress: bool = True) -> dict:
-    """Rolling perplexity of ``docs``: all windows (:func:`text_perplexity`) or a seeded subset of ``limit``."""
+                       progress: bool = True, subset: str = "first") -> dict:
+    """Rolling perplexity of ``docs``: all windows (:func:`text_perplexity`) or ``limit`` of them, the first or
+    (``subset="random"``) a seeded subset."""
     if limit is None:
         return text_perplexity(model, tokenizer, docs, batch_size=batch_size, progress=progress)
     max_len = model_max_len(model)
     requests = document_windows(tokenizer, docs, max_len)
-    chosen = subset_ids(len(requests), limit, seed)
+    chosen = limit_ids(len(requests), limit, subset, seed)
     scores = score_requests(model, [requests[i] for i in chosen], batch_size, max_len, progress, desc="perplexity")
     window_losses = [[-s["ll"], s["tokens"]] for s in scores]
     nll = math.fsum(w[0] for w in window_losses)
@@ -209,12 +211,12 @@ def perplexity_metrics(model, tokenizer, docs, limit: int | None = None, seed: i
 
 
 def evaluate_cell(model, tokenizer, task: Task, data, limit: int | None, seed: int, batch_size: int,
-                  progress: bool = True) -> dict:
+                  progress: bool = True, subset: str = "first") -> dict:
     """The metrics of one (model, task) cell."""
     if task.kind == "perplexity":
-        return perplexity_metrics(model, tokenizer, data, limit, seed, batch_size, progress)
+        return perplexity_metrics(model, tokenizer, data, limit, seed, batch_size, progress, subset)
     return evaluate_task(model, tokenizer, task.name.partition(":")[0], limit=limit, seed=seed,
-                         batch_size=batch_size, progress=progress, path=task.source)
+                         batch_size=batch_size, progress=progress, path=task.source, subset=subset)
 
 
 # ---------------------------------------------------------------------------------------------------- calibration
@@ -309,7 +311,7 @@ def run_sweep(checkpoints: Sequence[str | os.PathLike], out: str | os.PathLike, 
               bits: Sequence[int] = (16, 8, 6, 4), tasks: Sequence[str] = ("wikitext2",),
               granularity: str | None = None, group_size: int | None = None, limit: int | None = None,
               seed: int = 0, batch_size: int = 8, calib_tokens: int | None = None, calib_data: str = "train",
-              attn_impl: str = "eager", device: str = "cpu", progress: bool = True) -> dict:
+              attn_impl: str = "eager", device: str = "cpu", progress: bool = True, subset: str = "first") -> dict:
     """Score every checkpoint × bits × task not yet in ``out``; returns ``{"out", "written", "nonfinite",
     "skipped"}``.
 
@@ -321,17 +323,19 @@ def run_sweep(checkpoints: Sequence[str | os.PathLike], out: str | os.PathLike, 
     bits = check_bits(scheme, bits)
     resolved = list({t.name: t for t in map(resolve_task, tasks)}.values())
     checkpoints = list(dict.fromkeys(os.path.normpath(str(c)) for c in checkpoints))
-    check_sweep(scheme, checkpoints, resolved, limit, batch_size, attn_impl, calib_data)
-    data = {t.name: _task_data(t, limit, seed) for t in resolved}
+    check_sweep(scheme, checkpoints, resolved, limit, batch_size, attn_impl, calib_data, subset)
+    subset = subset if limit is not None else None  # records: which items --limit kept (none without it)
+    data = {t.name: _task_data(t, limit, seed, subset) for t in resolved}
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     total = len(checkpoints) * len(bits) * len(resolved)
-    settings = {"limit": limit, "seed": seed, "attn_impl": attn_impl, "batch_size": batch_size, "device": device}
+    settings = {"limit": limit, "subset": subset, "seed": seed, "attn_impl": attn_impl, "batch_size": batch_size,
+                "device": device}
     counts = {"written": 0, "nonfinite": 0}
     with locked_append(out) as fh, tqdm(total=total, desc="sweep", disable=not progress) as bar:
         _repair_tail(out)
         existing = read_records(out, missing_ok=True)  # read under the lock: no cell is computed twice
-        todo = [_plan(ckpt, existing, scheme, bits, resolved, limit, seed, attn_impl) for ckpt in checkpoints]
+        todo = [_plan(ckpt, existing, scheme, bits, resolved, settings) for ckpt in checkpoints]
         bar.update(total - sum(len(c.cells) for c in todo))
         for ckpt in todo:
             if ckpt.cells:
@@ -341,11 +345,13 @@ def run_sweep(checkpoints: Sequence[str | os.PathLike], out: str | os.PathLike, 
 
 
 def check_sweep(scheme: Scheme, checkpoints: list[str], tasks: list[Task], limit: int | None, batch_size: int,
-                attn_impl: str, calib_data: str) -> None:
+                attn_impl: str, calib_data: str, subset: str = "first") -> None:
     """The settings, tasks, checkpoints (exist, float, admit the group size) and calibration data; the task
     data and the records file (no records of a different checkpoint at the same path) are checked next."""
     if limit is not None:
         _positive("limit", limit)
+    if subset not in SUBSETS:
+        raise ValueError(f"unknown subset {subset!r}; choose one of {', '.join(SUBSETS)}")
     _positive("batch_size", batch_size)
     if attn_impl not in ATTN_IMPLS:
         raise ValueError(f"unknown attn_impl {attn_impl!r}; choose one of {', '.join(ATTN_IMPLS)}")
@@ -368,8 +374,8 @@ def check_checkpoint(path: str, scheme: Scheme) -> None:
             raise ValueError(f"--group-size {scheme.group_size} does not divide the input widths {widths} of {path}")
 
 
-def _plan(path: str, existing: list[dict], scheme: Scheme, bits: list[int], tasks: list[Task], limit, seed,
-          attn_impl) -> _Checkpoint:
+def _plan(path: str, existing: list[dict], scheme: Scheme, bits: list[int], tasks: list[Task],
+          settings: dict) -> _Checkpoint:
     """The cells of one checkpoint that ``existing`` lacks (after checking it is the same checkpoint)."""
     sha = checkpoint_sha256(path)
     other = {r.get("checkpoint_sha256") for r in existing if r["checkpoint"] == path} - {sha}
@@ -378,13 +384,13 @@ def _plan(path: str, existing: list[dict], scheme: Scheme, bits: list[int], task
                          "(its files changed): write to a new --out")
     done = {record_key(r) for r in existing}
     cells = [(b, t) for b in bits for t in tasks
-             if record_key(_key_fields(path, scheme, b, t, limit, seed, attn_impl)) not in done]
+             if record_key(_key_fields(path, scheme, b, t, settings)) not in done]
     return _Checkpoint(path, sha, cells)
 
 
-def _key_fields(path: str, scheme: Scheme, bits: int, task: Task, limit, seed, attn_impl) -> dict:
-    return {"checkpoint": path, **scheme.fields(bits), "bits": bits, "task": task.name, "limit": limit,
-            "seed": seed, "attn_impl": attn_impl}
+def _key_fields(path: str, scheme: Scheme, bits: int, task: Task, settings: dict) -> dict:
+    return {"checkpoint": path, **scheme.fields(bits), "bits": bits, "task": task.name,
+            **{k: settings[k] for k in ("limit", "subset", "seed", "attn_impl")}}
 
 
 def _sweep_checkpoint(ckpt: _Checkpoint, scheme: Scheme, data: dict, settings: dict, calib_data: str, fh, bar,
@@ -424,9 +430,10 @@ def _score(model, tokenizer, task: Task, data, ckpt: _Checkpoint, scheme: Scheme
            config: QuantConfig, settings: dict, calib_data: str, progress: bool) -> dict:
     start = time.perf_counter()
     metrics, nonfinite = finite_metrics(evaluate_cell(model, tokenizer, task, data, settings["limit"],
-                                                      settings["seed"], settings["batch_size"], progress))
+                                                      settings["seed"], settings["batch_size"], progress,
+                                                      settings["subset"] or "first"))
     wall = time.perf_counter() - start
-    key = _key_fields(ckpt.path, scheme, bits, task, settings["limit"], settings["seed"], settings["attn_impl"])
+    key = _key_fields(ckpt.path, scheme, bits, task, settings)
     record = {"schema": SCHEMA, **key, "kind": task.kind, "quant": config.to_dict(),
               "calib_data": calib_data if key["calib_tokens"] else None,
               "batch_size": settings["batch_size"], "device": settings["device"], "metrics": metrics,

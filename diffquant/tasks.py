@@ -217,6 +217,21 @@ def _looks_like_jsonl(text: str) -> bool:
 
 # ---------------------------------------------------------------------------------------------------- subsets
 
+SUBSETS = ("first", "random")  # what --limit N keeps: the first N (lm-eval's convention) or a seeded subset
+
+
+def limit_ids(n: int, limit: int, subset: str = "first", seed: int = 0) -> list[int]:
+    """The indices ``--limit`` keeps of ``range(n)``: the first ``limit`` (as lm-eval's ``--limit``, so tasks of
+    the same name score the same items) or, with ``subset="random"``, the seeded subset of :func:`subset_ids`."""
+    if subset not in SUBSETS:
+        raise ValueError(f"unknown subset {subset!r}; choose one of {', '.join(SUBSETS)}")
+    if subset == "random":
+        return subset_ids(n, limit, seed)
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0:
+        raise ValueError(f"limit must be a positive integer, got {limit!r}")
+    return list(range(min(n, limit)))
+
+
 def subset_ids(n: int, limit: int, seed: int = 0) -> list[int]:
     """A fixed pseudo-random subset of ``range(n)`` of size ``limit``, in file order.
 
@@ -232,16 +247,17 @@ def subset_ids(n: int, limit: int, seed: int = 0) -> list[int]:
 
 
 def load_task(name: str, limit: int | None = None, seed: int = 0, path: str | os.PathLike | None = None,
-              calib: str | os.PathLike | None = None) -> list[Item]:
+              calib: str | os.PathLike | None = None, subset: str = "first") -> list[Item]:
     """Items of a shipped task (see :data:`TASKS`), or of ``path`` read in that task's format.
 
-    ``limit``: a fixed seeded subset (:func:`subset_ids`); ids stay the items' indices in the whole file.
+    ``limit``: the first ``limit`` items, or a seeded subset with ``subset="random"`` (:func:`limit_ids`); ids
+    stay the items' indices in the whole file.
     Raises ValueError for an unknown task, a malformed or empty file; FileNotFoundError when data is missing.
     """
     key = canonical_task(name)
     spec = TASKS[key]
     items = read_items(path if path is not None else task_path(key, calib), key, spec.reader, spec.delimiter)
     if limit is not None:
-        items = [items[i] for i in subset_ids(len(items), limit, seed)]
+        items = [items[i] for i in limit_ids(len(items), limit, subset, seed)]
     log.info("task %s: %d items", key, len(items))
     return items

@@ -46,8 +46,8 @@ def main() -> None:
         bits, extra = TARGETS[target]
         for task in args.tasks.split(","):
             limit = max(1, round(TASKS[task] * args.scale))
-            run_sweep(PAIR, records_path, target, bits=bits, tasks=[task], limit=limit, seed=0, batch_size=16,
-                      **extra)
+            run_sweep(PAIR, records_path, target, bits=bits, tasks=[task], limit=limit, subset="random", seed=0,
+                      batch_size=16, **extra)
     records = read_records(records_path)
     text = render_report(records, fmt="markdown")
     atomic_write_text(out / "figure8.md", f"Produced by `python experiments/figure8.py --scale {args.scale}`\n\n"

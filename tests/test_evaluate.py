@@ -251,7 +251,9 @@ def test_evaluate_task_record_and_pairing(lm8k, tok):
     x, y = paired_arrays(a, b)
     assert np.array_equal(x, y) and x.size == 6
     json.dumps(a)
-    c = evaluate_task(lm8k, tok, "copa", limit=6, seed=2, progress=False)
+    assert a["subset"] == "first" and [r["id"] for r in a["items"]] == list(range(6))
+    c = evaluate_task(lm8k, tok, "copa", limit=6, seed=2, subset="random", progress=False)
+    assert c["subset"] == "random"
     with pytest.raises(ValueError, match="do not pair"):
         paired_arrays(a, c)
     with pytest.raises(ValueError, match="unknown task"):

@@ -102,6 +102,18 @@ def test_folder_loads_in_transformers_with_its_tokenizer(arch, tmp_path):
     assert tok.eos_token == "<|endoftext|>" and hf.config.eos_token_id == default_tokenizer().eos_id
 
 
+def test_converted_tokenizer_adds_the_training_bos_by_default(tmp_path):
+    """transformers' (and lm-eval's ``hf``) default tokenisation starts with BOS, as our models were trained."""
+    mine = default_tokenizer()
+    before = mine.backend.to_str()
+    save_hf(ours("diff", 2, vocab_size=8192), tmp_path / "hf", tokenizer=mine)
+    assert mine.backend.to_str() == before  # the caller's tokenizer is not changed
+    tok = AutoTokenizer.from_pretrained(tmp_path / "hf", local_files_only=True)
+    text = "The cat sat on the mat."
+    assert tok(text).input_ids == mine.encode(text, bos=True) != mine.encode(text)
+    assert tok.bos_token == "<|endoftext|>"
+
+
 def test_diff_folder_without_its_sidecar_keeps_the_fold(tmp_path, caplog):
     """Without diffquant.safetensors the norm weight stays in o_proj: other parameters, the same outputs."""
     model = ours("diff", 2)

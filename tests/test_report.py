@@ -9,6 +9,7 @@ the relative names ``tiny-transformer`` / ``tiny-diff``).
 import ast
 import csv
 import io
+import json
 import math
 import shutil
 import subprocess
@@ -208,6 +209,44 @@ def test_plot_is_written(records, tmp_path):
     assert not list(tmp_path.glob(".*"))  # the atomic write left no temporary file
 
 
+def test_plot_styles_models_shows_16_bit_intervals_and_a_caption(records, tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    twin = _copies(records, "transformer", "other-transformer")  # a second Transformer: its own colour and marker
+    plot_degradation(records + twin, tmp_path / "fig8.png", n_boot=300)
+    (fig,) = figures
+    styles = {}
+    for ax in (a for a in fig.axes if a.get_visible()):
+        for bars in ax.containers:
+            line, _, (ranges,) = bars.lines
+            label = bars.get_label()
+            style = (line.get_color(), line.get_marker(), line.get_linestyle())
+            assert styles.setdefault(label, style) == style  # the same model looks the same in every panel
+            x16, (y0, y1) = ranges.get_segments()[0][0][0], [p[1] for p in ranges.get_segments()[0]]
+            assert abs(x16) < 0.1 and (y1 > y0 or "tinystories" not in ax.get_title())  # the 16-bit point's interval
+    assert set(styles) == {"tiny-transformer (Transformer)", "other-transformer (Transformer)", "tiny-diff (Diff)"}
+    assert len({s[:2] for s in styles.values()}) == 3  # colour and marker per model, not per arch
+    caption = fig.texts[-1].get_text()
+    assert "Error bars: 95% bootstrap intervals (300 resamples)" in caption
+    assert "tinystories (random 16): 16 windows, 512 tokens" in caption and "copa (random 16): 16 items" in caption
+
+
+def test_value_interval_of_a_16_bit_record(records):
+    from diffquant.evaluate import bootstrap_ppl_ci
+    from diffquant.report import value_interval
+
+    base = {r["task"]: r for r in records if r["bits"] == 16 and r["arch"] == "diff"}
+    ppl = bootstrap_ppl_ci(base["tinystories"]["metrics"]["window_losses"], n=500, seed=1)
+    assert value_interval(base["tinystories"], "perplexity", 500, 1) == (ppl["low"], ppl["high"])
+    low, high = value_interval(base["copa"], "acc", 500, 1)
+    assert low <= base["copa"]["metrics"]["acc"] <= high and low < high
+    every = {**base["copa"], "metrics": {**base["copa"]["metrics"],
+                                         "items": [{**it, "correct": True} for it in base["copa"]["metrics"]["items"]]}}
+    assert value_interval(every, "acc", 500, 1) == (1.0, 1.0)
+
+
 def test_cli_renders_every_format_and_the_plot(tmp_path, capsys):
     for fmt in ("markdown", "csv", "latex"):
         assert main(["report", str(FIXTURE), "--format", fmt, "--n-boot", "500"]) == 0
@@ -316,3 +355,41 @@ def test_every_other_arm_is_set_against_the_transformer(records):
                     for c in comps if c.candidate_arch == arm} for arm in ("diff", "gated")}
     assert by_arm["diff"] and by_arm["gated"] == by_arm["diff"]
     assert {c.candidate_arch for c in comparison_rows(records)} == {"diff"}
+
+
+def _copies(records, arch: str, label: str, **model_changes) -> list[dict]:
+    return [dict(r, checkpoint=label, label=label, model={**r["model"], **model_changes})
+            for r in records if r["arch"] == arch]
+
+
+def test_only_declared_pairs_are_compared(records):
+    """An unrelated Transformer (other config) is never paired by default; of two matched ones, the run family."""
+    stranger = _copies(records, "transformer", "stories260K", d_model=64)
+    twin = _copies(records, "transformer", "other-transformer")  # matched config, another run family
+    comps = comparison_rows(records + stranger + twin)
+    assert {(c.transformer, c.candidate) for c in comps} == {("tiny-transformer", "tiny-diff")}
+    assert {(c.transformer, c.candidate) for c in comparison_rows(records + stranger + twin[:0])} == {
+        ("tiny-transformer", "tiny-diff")}
+    alone = [r for r in records if r["arch"] == "diff"] + twin  # no same-family partner: the matched one
+    assert {(c.transformer, c.candidate) for c in comparison_rows(alone)} == {("other-transformer", "tiny-diff")}
+    named = comparison_rows(records + stranger, pairs=[("stories260K", "tiny-diff")])
+    assert named and {(c.transformer, c.candidate) for c in named} == {("stories260K", "tiny-diff")}
+    with pytest.raises(ValueError, match="'tiny-diff' is not a Transformer"):
+        comparison_rows(records, pairs=[("tiny-diff", "tiny-transformer")])
+
+
+def test_cli_pair_flag(tmp_path, capsys):
+    recs = load_records([FIXTURE])
+    extra = tmp_path / "extra.jsonl"
+    extra.write_text("".join(json.dumps(r) + "\n" for r in _copies(recs, "transformer", "stories260K", d_model=64)))
+    assert main(["report", str(FIXTURE), str(extra), "--n-boot", "200"]) == 0
+    out = capsys.readouterr().out
+    assert "tiny-transformer vs tiny-diff" in out and "stories260K vs" not in out
+    assert main(["report", str(FIXTURE), str(extra), "--n-boot", "200", "--pair", "stories260K:tiny-diff"]) == 0
+    out = capsys.readouterr().out
+    assert "stories260K vs tiny-diff" in out and "tiny-transformer vs tiny-diff" not in out
+    for bad, message in (("nocolon", "expected TRANSFORMER:OTHER"),
+                         ("ghost:tiny-diff", "'ghost' is not a Transformer")):
+        assert main(["report", str(FIXTURE), "--pair", bad]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and message in err

@@ -2,6 +2,9 @@
 and the lm-eval adapter (tests run only where lm_eval imports)."""
 import importlib.util
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +16,7 @@ from diffquant.cli import main
 from diffquant.data import calib_dir, documents
 from diffquant.evaluate import evaluate_task, score_multiple_choice, text_perplexity
 from diffquant.quant import ActQuant, QuantConfig, WeightQuant, quantize_model
-from diffquant.report import read_records, record_key
+from diffquant.report import degradation_rows, read_records, record_key
 from diffquant.sweep import calibration_batch, perplexity_metrics, resolve_task, run_sweep
 from diffquant.tasks import load_task
 from diffquant.tokenizer import tokenizer_for
@@ -24,6 +27,7 @@ from .test_model import randomize_
 FIXTURES = calib_dir() / "eval" / "fixtures"
 LAMBADA = f"lambada:{FIXTURES / 'lambada_small.jsonl'}"
 TIMING = ("wall_time_s", "quantize_s", "created")
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -176,6 +180,30 @@ def test_a_changed_checkpoint_is_refused(setup, tmp_path):
     dq.save_checkpoint(randomize_(_eager(ckpts["diff"])), path, overwrite=True)
     with pytest.raises(ValueError, match="different checkpoint"):
         run_sweep([path], out, "attn_logits", [16, 4], [text], limit=2, progress=False)
+
+
+def test_limit_is_the_first_items_unless_subset_random_and_records_say_which(setup, tmp_path):
+    ckpts, text, _ = setup
+    out = tmp_path / "r.jsonl"
+    first = run_sweep([ckpts["diff"]], out, "attn_logits", [16, 4], ["copa", text], limit=3, progress=False)
+    rand = run_sweep([ckpts["diff"]], out, "attn_logits", [16, 4], ["copa", text], limit=3, subset="random",
+                     progress=False)
+    assert first["written"] == rand["written"] == 4  # a different subset is a different cell, not a resume
+    recs = read_records(out)
+    by = {(r["subset"], r["task"], r["bits"]): r for r in recs}
+    assert [it["id"] for it in by["first", "copa", 16]["metrics"]["items"]] == [0, 1, 2]
+    assert [it["id"] for it in by["random", "copa", 16]["metrics"]["items"]] != [0, 1, 2]
+    assert by["first", text, 16]["metrics"]["window_ids"] == [0, 1, 2]
+    assert by["random", text, 16]["metrics"]["window_ids"] != [0, 1, 2]
+    assert {(c.task, c.delta is not None) for c in degradation_rows(recs) if c.bits == 4} == {
+        ("copa (first 3)", True), ("copa (random 3)", True), (f"{text} (first 3)", True),
+        (f"{text} (random 3)", True)}  # each quantized record found the baseline of its own subset
+    legacy = [{k: v for k, v in r.items() if k != "subset"} for r in recs if r["subset"] == "random"]
+    assert [record_key(r) for r in legacy] == [record_key(r) for r in recs if r["subset"] == "random"]
+    full = run_sweep([ckpts["diff"]], out, "attn_logits", [16], ["copa"], progress=False)
+    assert full["written"] == 1 and read_records(out)[-1]["subset"] is None
+    with pytest.raises(ValueError, match="unknown subset"):
+        run_sweep([ckpts["diff"]], out, "attn_logits", [16], ["copa"], limit=3, subset="last", progress=False)
 
 
 # ------------------------------------------------------------------------------------------------ targets
@@ -343,16 +371,63 @@ def test_adapter_runs_an_lm_eval_task_with_local_data(setup, lm, tmp_path, monke
 
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    items = load_task("copa", limit=10)
-    data = tmp_path / "copa.jsonl"
-    data.write_text("".join(json.dumps({"query": it.contexts[0], "choices": list(it.choices), "gold": it.gold}) + "\n"
-                            for it in items))
-    (tmp_path / "copa_local.yaml").write_text(
-        f"task: dq_copa_local\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\n"
-        "test_split: test\noutput_type: multiple_choice\ndoc_to_text: '{{query}}'\ndoc_to_choice: '{{choices}}'\n"
-        "doc_to_target: '{{gold}}'\nmetric_list:\n  - metric: acc\n  - metric: acc_norm\n")
+    items = _local_copa_task(tmp_path)
     result = lm_eval.simple_evaluate(model=lm, tasks=["dq_copa_local"],
                                      task_manager=TaskManager(include_path=str(tmp_path)))
     got = result["results"]["dq_copa_local"]
     ours = score_multiple_choice(lm.model, lm.tok, items, progress=False)
+    assert got["acc,none"] == pytest.approx(ours["acc"]) and got["acc_norm,none"] == pytest.approx(ours["acc_norm"])
+
+
+def _local_copa_task(folder: Path, n: int = 10) -> list:
+    """An lm-eval task ``dq_copa_local`` (YAML + local jsonl in ``folder``) of COPA's first ``n`` items."""
+    items = load_task("copa", limit=n)
+    data = folder / "copa.jsonl"
+    data.write_text("".join(json.dumps({"query": it.contexts[0], "choices": list(it.choices), "gold": it.gold}) + "\n"
+                            for it in items))
+    (folder / "copa_local.yaml").write_text(
+        f"task: dq_copa_local\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\n"
+        "test_split: test\noutput_type: multiple_choice\ndoc_to_text: '{{query}}'\ndoc_to_choice: '{{choices}}'\n"
+        "doc_to_target: '{{gold}}'\nmetric_list:\n  - metric: acc\n  - metric: acc_norm\n")
+    return items
+
+
+def test_lm_eval_wrapper_without_lm_eval_is_one_line_and_exit_2(monkeypatch, capsys):
+    import diffquant.lmeval as adapter
+
+    monkeypatch.setitem(sys.modules, "lm_eval", None)  # as if it were not installed
+    monkeypatch.setattr(adapter, "_CLASS", None)
+    assert adapter.main(["--model", "diffquant", "--tasks", "copa"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pip install 'diffquant[lmeval]'" in err
+
+
+def _run_python(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf-home")}
+    return subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_lm_eval_registry_keeps_its_own_models_after_register(tmp_path):
+    """lm-eval fills its registry only while it is empty: registering first must not hide ``hf`` and the rest."""
+    pytest.importorskip("lm_eval")
+    code = ("from diffquant.lmeval import register, lm_class; register()\n"
+            "from lm_eval.api.registry import get_model, MODEL_REGISTRY\n"
+            "assert get_model('diffquant') is lm_class() and 'hf' in MODEL_REGISTRY and 'dummy' in MODEL_REGISTRY\n")
+    done = _run_python(["-c", code], tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_python_m_diffquant_lmeval_is_lm_evals_cli_with_the_model_registered(setup, tmp_path):
+    """``python -m diffquant.lmeval --model diffquant ...`` runs lm-eval's CLI end to end: diffquant's COPA scores."""
+    pytest.importorskip("lm_eval")
+    items = _local_copa_task(tmp_path)
+    done = _run_python(["-m", "diffquant.lmeval", "--model", "diffquant", "--model_args",
+                        f"pretrained={setup[0]['diff']}", "--batch_size", "4", "--tasks", "dq_copa_local",
+                        "--include_path", str(tmp_path), "--output_path", str(tmp_path / "out")], tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (found,) = (tmp_path / "out").rglob("results_*.json")
+    got = json.loads(found.read_text())["results"]["dq_copa_local"]
+    model, tok = _eager(setup[0]["diff"]), tokenizer_for(setup[0]["diff"])
+    ours = score_multiple_choice(model, tok, items, progress=False)
     assert got["acc,none"] == pytest.approx(ours["acc"]) and got["acc_norm,none"] == pytest.approx(ours["acc_norm"])

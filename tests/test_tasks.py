@@ -10,6 +10,7 @@ from diffquant.tasks import (
     Item,
     canonical_task,
     hellaswag_preprocess,
+    limit_ids,
     load_task,
     read_items,
     subset_ids,
@@ -94,13 +95,22 @@ def test_fixtures_read_in_their_tasks_formats():
     assert len(lam) == 4 and all(len(it.choices) == 1 for it in lam)
 
 
-def test_limit_is_a_fixed_seeded_subset(all_items):
-    a = load_task("copa", limit=10, seed=3)
-    assert [it.id for it in a] == [it.id for it in load_task("copa", limit=10, seed=3)]
-    assert [it.id for it in a] != [it.id for it in load_task("copa", limit=10, seed=4)]
+def test_limit_takes_the_first_items_as_lm_eval_does(all_items):
+    assert load_task("copa", limit=7) == all_items["copa"][:7]
+    assert load_task("copa", limit=7, seed=5) == all_items["copa"][:7]  # the seed plays no part
+    assert limit_ids(5, 9) == list(range(5))
+    with pytest.raises(ValueError, match="unknown subset 'all'"):
+        load_task("copa", limit=3, subset="all")
+
+
+def test_limit_with_subset_random_is_a_fixed_seeded_subset(all_items):
+    a = load_task("copa", limit=10, seed=3, subset="random")
+    assert [it.id for it in a] == [it.id for it in load_task("copa", limit=10, seed=3, subset="random")]
+    assert [it.id for it in a] != [it.id for it in load_task("copa", limit=10, seed=4, subset="random")]
+    assert [it.id for it in a] != list(range(10))
     assert a == [all_items["copa"][it.id] for it in a]  # ids index the whole file
     assert [it.id for it in a] == sorted(it.id for it in a)
-    small = {it.id for it in load_task("copa", limit=5, seed=3)}
+    small = {it.id for it in load_task("copa", limit=5, seed=3, subset="random")}
     assert small <= {it.id for it in a}  # nested: a smaller limit is a subset of a larger one
     assert len(load_task("copa", limit=1000)) == 100
     assert subset_ids(10, 3, seed=0) == subset_ids(10, 3, seed=0) and len(set(subset_ids(10, 3))) == 3
@@ -110,6 +120,8 @@ def test_limit_is_a_fixed_seeded_subset(all_items):
 def test_bad_limit(limit):
     with pytest.raises(ValueError, match="limit must be a positive integer"):
         load_task("copa", limit=limit)
+    with pytest.raises(ValueError, match="limit must be a positive integer"):
+        load_task("copa", limit=limit, subset="random")
 
 
 def test_unknown_task_is_a_one_line_error():

@@ -197,3 +197,14 @@ def test_divergence_is_detected_logged_and_one_line(tmp_path, shakespeare_bytes,
         train(cfg, run_cfg, tmp_path / "run", train_ids, val_ids)
     log = json.loads((tmp_path / "run" / "train_log.json").read_text())
     assert log["history"]["diverged_at"] == 4 and len(log["history"]["train_loss"]) == 4
+
+
+def test_cli_tiny_preset_trains_on_the_calib_split_with_its_tokenizers_vocabulary(tmp_path, caplog):
+    """`train --preset tiny` (vocab 128) on the calib split (an 8192-token tokenizer) widens the vocabulary."""
+    out = tmp_path / "tiny"
+    argv = ["train", "--arch", "transformer", "--preset", "tiny", "--tokens", "512", "--batch-size", "4",
+            "--seq-len", "32", "--eval-every", "4", "--eval-tokens", "256", "--save-every", "4", "--out", str(out)]
+    with caplog.at_level("WARNING"):
+        assert main(argv) == 0
+    assert "training with vocab_size 8192" in caplog.text
+    assert load_checkpoint(out / "final").config.vocab_size == 8192

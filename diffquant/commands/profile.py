@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..checkpoint import read_metadata
+from ..checkpoint import read_metadata, training_context
 from ..cliargs import hist_plot_path
 from ..data import documents, encode_documents
 from ..errors import UserError
@@ -24,7 +24,9 @@ def register(sub) -> None:
     p.add_argument("checkpoints", nargs="+", help="checkpoint folders or .gguf files")
     p.add_argument("--data", default="test", help="split (train|validation|test), calib source or text file")
     p.add_argument("--tokens", type=int, default=PAPER_TOKENS, help="tokens to profile (default: 0.4M)")
-    p.add_argument("--seq-len", type=int, default=None, help="default: the model's max_seq_len")
+    p.add_argument("--seq-len", type=int, default=None,
+                   help="window length; default: the training context where known (a run's train_log.json, "
+                        "stories260K: 512), else the model's max_seq_len")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--topk", type=int, default=100)
     p.add_argument("--sites", default=",".join(DEFAULT_SITES), help="probe kinds, comma separated")
@@ -43,7 +45,7 @@ def profile_checkpoint(path: str, args, tokenizer: Tokenizer | None = None) -> d
     """Load, tokenise the data with the checkpoint's tokenizer, profile; the record names its source."""
     model = load_for_profiling(path)  # HF folders natively (any decoder); ours and .gguf as usual
     tok = tokenizer or (Tokenizer.load(args.tokenizer) if args.tokenizer else tokenizer_for(path))
-    seq_len = args.seq_len or model.config.max_seq_len
+    seq_len, source = window_length(path, model.config.max_seq_len, args.seq_len)
     if seq_len > model.config.max_seq_len:
         raise UserError(f"--seq-len {seq_len} exceeds {path}'s max_seq_len {model.config.max_seq_len}")
     ids = encode_documents(tok, documents(args.data))
@@ -52,10 +54,33 @@ def profile_checkpoint(path: str, args, tokenizer: Tokenizer | None = None) -> d
     report = profile(model, batches, sites=sites, topk=args.topk, protocol=args.protocol,
                      exact_median=args.exact_median, chunk=args.chunk, label=_label(path))
     record = report.data
-    record.update(checkpoint=str(path), data=str(args.data), seq_len=seq_len)
+    record.update(checkpoint=str(path), data=str(args.data), seq_len=seq_len, seq_len_source=source,
+                  tokens_requested=args.tokens)
     meta = read_metadata(path) if (Path(path) / "model.safetensors").is_file() else {}
     record["train_tokens"] = int(meta["tokens"]) if "tokens" in meta else None
     return record
+
+
+def window_length(path: str, max_seq_len: int, given: int | None) -> tuple[int, str]:
+    """(window length, where it came from): --seq-len, else the training context where known (never beyond
+    max_seq_len), else the model's max_seq_len."""
+    if given:
+        return given, "--seq-len"
+    trained = training_context(path)
+    if trained is not None and trained <= max_seq_len:
+        return trained, "training context"
+    return max_seq_len, "max_seq_len"
+
+
+def windows_caption(records: list[dict]) -> str:
+    """One line per model: window length (and its source) and the tokens actually profiled of those asked for."""
+    lines = []
+    for rec in records:
+        asked = rec.get("tokens_requested")
+        of = f" of {asked:,} requested (whole windows only)" if asked and asked != rec["tokens"] else ""
+        lines.append(f"{rec['label']}: {rec['tokens']:,} tokens profiled{of}, in {rec['tokens'] // rec['seq_len']:,} "
+                     f"windows of {rec['seq_len']} ({rec['seq_len_source']})")
+    return "\n".join(lines)
 
 
 def _label(path: str) -> str:
@@ -75,6 +100,9 @@ def run(args) -> int:
     records = [profile_checkpoint(path, args) for path in args.checkpoints]
     by_label = {rec["label"]: rec for rec in records}
     print(outlier_table(by_label, fmt=args.format, paper=len(records) <= 2))
+    if args.format != "csv":
+        print()
+        print(windows_caption(records))
     archs = {rec["model"].get("arch"): rec for rec in records}
     if len(records) == 2 and set(archs) == {"transformer", "diff"}:
         print()

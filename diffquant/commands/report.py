@@ -18,6 +18,9 @@ def register(sub) -> None:
                    help="comma separated metrics to show: acc, acc_norm, perplexity (default: all; the plot "
                         "defaults to acc_norm for multiple choice, acc for LAMBADA, perplexity for text)")
     p.add_argument("--plot", default=None, help="PNG: metric against bits, one line per model, one panel per task")
+    p.add_argument("--pair", action="append", default=None, metavar="TRANSFORMER:OTHER",
+                   help="compare only these models (labels as in the tables), repeatable; default: each Diff / "
+                        "gated / clipped model with the Transformer of its matched config (same run family first)")
     p.add_argument("--n-boot", type=int, default=10000, help="bootstrap resamples")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     p.add_argument("--output", default=None, help="also write the table to this file")
@@ -32,10 +35,22 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"unknown format {args.format!r}; choose one of {', '.join(REPORT_FORMATS)}")
     metrics = [m.strip() for m in args.metric.split(",") if m.strip()] if args.metric else None
     records = load_records(args.records)
-    text = render_report(records, args.format, metrics, n_boot=args.n_boot, seed=args.seed)
+    text = render_report(records, args.format, metrics, n_boot=args.n_boot, seed=args.seed, pairs=_pairs(args.pair))
     print(text)
     if args.output:
         atomic_write_text(args.output, text + "\n")
     if args.plot:
         plot_degradation(records, args.plot, metrics, n_boot=args.n_boot, seed=args.seed)
     return nonfinite_exit(sum(not is_finite(r) for r in records), len(records))
+
+
+def _pairs(given: list[str] | None) -> list[tuple[str, str]] | None:
+    if given is None:
+        return None
+    pairs = []
+    for text in given:
+        t, sep, c = text.rpartition(":")
+        if not sep or not t or not c:
+            raise UserError(f"--pair {text!r}: expected TRANSFORMER:OTHER (model labels as in the tables)")
+        pairs.append((t, c))
+    return pairs

@@ -6,6 +6,7 @@ import argparse
 import json
 
 from ..sweep import ATTN_IMPLS, DEFAULT_CALIB_TOKENS, PERPLEXITY_TASKS, TARGETS
+from ..tasks import SUBSETS
 from . import nonfinite_exit
 
 
@@ -25,8 +26,12 @@ def register(sub) -> None:
                         "file (perplexity), hellaswag, arc_easy, piqa, winogrande, boolq, openbookqa, copa, "
                         "lambada, or TASK:PATH (another file in TASK's format)")
     p.add_argument("--limit", type=int, default=None,
-                   help="a fixed seeded subset: N items per zero-shot task, N windows per perplexity task")
-    p.add_argument("--seed", type=int, default=0, help="picks the --limit subset and the GPTQ calibration windows")
+                   help="N items per zero-shot task, N windows per perplexity task (default: all)")
+    p.add_argument("--subset", choices=SUBSETS, default="first",
+                   help="which --limit items: the first N, as lm-eval's --limit, or a seeded random subset "
+                        "(default: first)")
+    p.add_argument("--seed", type=int, default=0, help="picks the --subset random items and the GPTQ calibration "
+                   "windows")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--calib-tokens", type=int, default=None,
                    help=f"GPTQ calibration tokens (default {DEFAULT_CALIB_TOKENS}), windows of max_seq_len")
@@ -49,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     tasks = [t for t in args.tasks.split(",") if t.strip()]
     summary = run_sweep(args.checkpoints, args.out, args.target, args.bits, tasks, granularity=args.granularity,
-                        group_size=args.group_size, limit=args.limit, seed=args.seed, batch_size=args.batch_size,
+                        group_size=args.group_size, limit=args.limit, subset=args.subset, seed=args.seed,
+                        batch_size=args.batch_size,
                         calib_tokens=args.calib_tokens, calib_data=args.calib_data, attn_impl=args.attn_impl,
                         device=args.device)
     if not args.no_table:

@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import sys
 
 from ..config import ARCHS
 from ..errors import UserError
 
+log = logging.getLogger(__name__)
 
 def register(sub) -> None:
     p = sub.add_parser("train", help="train a model on the calib train split or a token corpus (resumable)")
@@ -74,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
     if args.lambda_init is not None:
         overrides["lambda_init"] = args.lambda_init
     model_cfg = dataclasses.replace(ModelConfig.preset(args.preset, arch=args.arch), **overrides)
+    model_cfg = _fit_calib_vocab(model_cfg, args)
     opt = {k: getattr(args, k) for k in ("lr", "beta1", "beta2", "weight_decay")}
     opt.update(_recipe_values(args, sys.argv[1:]))
     cfg = TrainConfig(
@@ -93,6 +96,25 @@ def run(args: argparse.Namespace) -> int:
     print(json.dumps({"out": str(args.out), "steps": record["step"], "tokens": record["tokens_seen"],
                       "validation_loss": val[-1]["loss"] if val else None}, indent=2))
     return 0
+
+
+# presets whose vocabulary is a placeholder (tiny: 128 byte ids for unit tests), not part of the model's shape
+WIDENED_PRESETS = ("tiny",)
+
+
+def _fit_calib_vocab(model_cfg, args: argparse.Namespace):
+    """On the calib train split the project tokenizer sets the vocabulary of ``tiny`` (128 -> 8192, with a
+    warning); presets shaped after a tokenizer (xs, s: stories260K's 512) and corpora (--data) keep theirs."""
+    if args.data is not None or args.preset not in WIDENED_PRESETS:
+        return model_cfg
+    from ..tokenizer import default_tokenizer
+
+    vocab = default_tokenizer().vocab_size
+    if vocab <= model_cfg.vocab_size:
+        return model_cfg
+    log.warning("preset %r has %d tokens; the calib split's tokenizer has %d: training with vocab_size %d",
+                args.preset, model_cfg.vocab_size, vocab, vocab)
+    return dataclasses.replace(model_cfg, vocab_size=vocab)
 
 
 def _data(args: argparse.Namespace, model_cfg) -> tuple:
