@@ -14,6 +14,9 @@ from .io import atomic_path  # noqa: E402
 from .tables import SITE_NAMES  # noqa: E402
 
 
+ARCH_COLORS = {"transformer": "tab:blue", "diff": "tab:red", "gated": "tab:green", "clipped": "tab:purple"}
+
+
 def _save(fig, path: str | Path) -> Path:
     with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=120, bbox_inches="tight")
@@ -108,14 +111,14 @@ def plot_tracked(logs: dict[str, dict], path: str | Path) -> Path:
         arch = label.split()[0]
         style = "-" if label == arch else "--"
         for ax, col in zip(axes[:2], (1, 2)):
-            ax.plot([p[0] for p in pts], [p[col] for p in pts], style, color=STYLE.get(arch), label=label, lw=1.2)
+            ax.plot([p[0] for p in pts], [p[col] for p in pts], style, color=ARCH_COLORS.get(arch), label=label, lw=1.2)
     base = {p[0]: p for p in curves.get("transformer", [])}
     for label, pts in curves.items():
         if label.split()[0] == "transformer" or " " in label:
             continue
         shared = [(t, base[t][1] / lg, base[t][2] / hd) for t, lg, hd in pts if t in base and lg and hd]
         for col, style, what in ((1, "-", "logits"), (2, ":", "hidden")):
-            axes[2].plot([s[0] for s in shared], [s[col] for s in shared], style, color=STYLE.get(label),
+            axes[2].plot([s[0] for s in shared], [s[col] for s in shared], style, color=ARCH_COLORS.get(label),
                          label=f"Transformer / {label}, {what}")
     axes[2].axhline(1.0, color="grey", lw=0.8)
     titles = ("attention-logit top-1 (max over layers)", "hidden-state top-1 (max over layers)",

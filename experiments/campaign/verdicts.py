@@ -11,7 +11,7 @@ Pairs (identical data order within a pair; every arm is set against the Transfor
 
 Every pair is profiled on the real cased TinyStories held-out text (its first 64 windows of 512 tokens as in
 part 1, global protocol, exact medians) and its attention logits swept at 16/8/6/4 bits with three scale
-granularities on that text and on the held-out books (128 windows each). Resumable: finished profiles and sweep cells are kept under --out and skipped on a rerun.
+granularities on that text and on the held-out books (the first 48 windows of 512 tokens of each). Resumable: finished profiles and sweep cells are kept under --out and skipped on a rerun.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def main() -> None:
     parser.add_argument("--out", default="experiments/results/regime")
     parser.add_argument("--profile-windows", type=int, default=64,
                         help="windows of 512 held-out tokens profiled (part 1's protocol: 64)")
-    parser.add_argument("--windows", type=int, default=128, help="perplexity windows per task (each sweep cell)")
+    parser.add_argument("--windows", type=int, default=48, help="perplexity windows per task (each sweep cell)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     out = Path(args.out)
