@@ -11,7 +11,8 @@ Pairs (identical data order within a pair; every arm is set against the Transfor
 
 Every pair is profiled on the real cased TinyStories held-out text (its first 64 windows of 512 tokens as in
 part 1, global protocol, exact medians) and its attention logits swept at 16/8/6/4 bits with three scale
-granularities on that text and on the held-out books (the first 48 windows of 512 tokens of each). Resumable: finished profiles and sweep cells are kept under --out and skipped on a rerun.
+granularities on that text and on the held-out books (the first 48 windows of 512 tokens of each).
+Resumable: finished profiles and sweep cells are kept under --out and skipped on a rerun.
 """
 
 from __future__ import annotations
