@@ -112,6 +112,11 @@ def main() -> None:
     plot_trend(table5, results, out / "trend.png")
     if logs := long_logs():
         plot_tracked(logs, out / "long-emergence.png")
+    for pair in pairs:  # the emergence curves of pairs with the gated / clipped arms
+        if len(pair["checkpoints"]) > 2:
+            logs = {arch: json.loads((REPO / path).parent.joinpath("train_log.json").read_text())
+                    for arch, path in pair["checkpoints"].items()}
+            plot_tracked(logs, out / f"emergence-{pair['pair']}.png")
 
 
 def long_logs() -> dict[str, dict]:
