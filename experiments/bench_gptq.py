@@ -1,0 +1,126 @@
+"""Benchmark: in-house GPTQ on stories260K (the shipped real model), quality and time, one setting per row.
+
+Evaluation: the first 64 contiguous 256-token windows of the cased TinyStories sample (stories260K's own
+SentencePiece tokenizer, one BOS at the start), perplexity = exp(mean next-token cross-entropy).
+Calibration: what `diffquant quantize stories260K.gguf --weights gptq` uses by default, 128 windows of 256 tokens
+of the train split drawn with seed 0. 4-bit, per output channel, no act-order; each row changes one thing so
+the gap to GPTQModel (4.6118 in issue 16: full grid, damp 0.05, true-sequential) can be attributed.
+
+    OMP_NUM_THREADS=1 python experiments/bench_gptq.py [--rows all|NAME,...] [--threads 1] [--out rec.json]
+                                                       [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import logging
+import platform
+import pstats
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from diffquant.checkpoint import load_checkpoint
+from diffquant.commands.quantize import _calibration
+from diffquant.data import encode_documents, load_documents
+from diffquant.gguf import stories260k_path, stories260k_tokenizer_path
+from diffquant.quant import QuantConfig, WeightQuant, quantize_model
+from diffquant.tokenizer import Tokenizer
+
+WINDOW, EVAL_WINDOWS, CALIB_TOKENS = 256, 64, 128 * 256
+# name -> WeightQuant overrides (method gptq, 4 bits, per channel unless said otherwise)
+ROWS = {
+    "rtn": dict(method="rtn"),
+    "rtn-full": dict(method="rtn", grid="full"),
+    "gptq": dict(),  # our defaults: absmax grid, damp 0.01, true-sequential
+    "gptq-damp.05": dict(damp=0.05),
+    "gptq-full": dict(grid="full"),
+    "gptq-full-damp.05": dict(grid="full", damp=0.05),  # GPTQModel 7.7's settings
+    "gptq-full-damp.05-parallel": dict(grid="full", damp=0.05, sequential=False),
+}
+
+
+def cased_ids() -> torch.Tensor:
+    tok = Tokenizer.load(stories260k_tokenizer_path())
+    return torch.from_numpy(encode_documents(tok, load_documents("tinystories-cased")).astype(np.int64))
+
+
+def eval_windows(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    n = EVAL_WINDOWS * WINDOW
+    return ids[:n].view(EVAL_WINDOWS, WINDOW), ids[1:n + 1].view(EVAL_WINDOWS, WINDOW)  # (64, 256) each
+
+
+def calib_windows(model, ids: torch.Tensor, source: str, seed: int) -> torch.Tensor:
+    """The command's default (train split, windows drawn with ``seed``) or the cased sample's windows after the
+    evaluation ones."""
+    if source == "tinystories":
+        start, n = EVAL_WINDOWS * WINDOW, CALIB_TOKENS // WINDOW
+        return ids[start:start + n * WINDOW].view(n, WINDOW)
+    calib_args = argparse.Namespace(tokenizer=None, checkpoint=str(stories260k_path()), calib_seq_len=WINDOW,
+                                    calib_tokens=CALIB_TOKENS, seed=seed)
+    return _calibration(calib_args, model)[0]
+
+
+def perplexity(model, x: torch.Tensor, y: torch.Tensor) -> float:
+    with torch.no_grad():
+        nll = torch.cat([F.cross_entropy(model(xb).double().flatten(0, 1), yb.flatten(), reduction="none")
+                         for xb, yb in zip(x.split(16), y.split(16))])
+    return float(torch.exp(nll.mean()))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", default="all", help=f"comma-separated of {', '.join(ROWS)}")
+    ap.add_argument("--calib", default="train", choices=["train", "tinystories"],
+                    help="calibration windows: the quantize command's default (train split) or in-domain text")
+    ap.add_argument("--seeds", default="0", help="calibration draws (train split), e.g. 0,1,2: ppl per seed and mean")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--profile", action="store_true", help="cProfile each GPTQ row, print the top 12 entries")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    torch.set_num_threads(args.threads)
+    rows = list(ROWS) if args.rows == "all" else args.rows.split(",")
+    unknown = [r for r in rows if r not in ROWS]
+    if unknown:
+        raise SystemExit(f"unknown rows: {', '.join(unknown)}")
+    model = load_checkpoint(stories260k_path()).eval()
+    ids = cased_ids()
+    x, y = eval_windows(ids)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    calibs = {s: calib_windows(model, ids, args.calib, s) for s in seeds}
+    records = [{"row": "fp32", "ppl": perplexity(model, x, y)}]
+    print(f"{'fp32':>28}: ppl {records[0]['ppl']:.4f}", flush=True)
+    for row in rows:
+        wq = WeightQuant(**{"method": "gptq", "bits": 4, **ROWS[row]})
+        ppls, times = [], []
+        for calib in calibs.values():
+            prof = cProfile.Profile() if args.profile and wq.method == "gptq" else None
+            start = time.perf_counter()
+            if prof:
+                prof.enable()
+            q = quantize_model(model, QuantConfig(weights=wq), calib=calib)
+            if prof:
+                prof.disable()
+                pstats.Stats(prof).sort_stats("cumulative").print_stats(12)
+            times.append(time.perf_counter() - start)
+            ppls.append(perplexity(q, x, y))
+        records.append({"row": row, "weights": wq.to_dict(), "ppl": ppls, "mean_ppl": float(np.mean(ppls)),
+                        "seconds": times})
+        each = " ".join(f"{p:.4f}" for p in ppls)
+        print(f"{row:>28}: mean ppl {np.mean(ppls):.4f} ({each})  median {np.median(times):5.1f} s", flush=True)
+    result = {"benchmark": "GPTQ 4-bit per channel on stories260K", "threads": args.threads,
+              "eval": f"{EVAL_WINDOWS}x{WINDOW} tinystories-cased",
+              "calib": f"{CALIB_TOKENS // WINDOW}x{WINDOW} {args.calib}, seeds {seeds}",
+              "machine": platform.processor() or platform.machine(), "torch": torch.__version__, "records": records}
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
