@@ -1,6 +1,7 @@
 """Cost of profiling, side by side in one run (not a timed test).
 
     python experiments/bench_profile.py [--preset small] [--tokens 16384] [--memory-tokens 10000 1000000]
+                                        [--parts time,memory,long] [--threads N]
 
 Part 1, time (same model, same batches, alternating repeats; ratios to (a)):
   (a) plain eager forward, (b) profiling hidden states only, (c) hidden states + attention logits,
@@ -118,22 +119,30 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--memory-tokens", type=int, nargs=2, default=[10_000, 1_000_000])
     parser.add_argument("--long-tokens", type=int, default=8192)
+    parser.add_argument("--parts", default="time,memory,long", help="which parts to run (comma-separated)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--memory-child", nargs=2, metavar=("KIND", "TOKENS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.memory_child:
         memory_child(args.memory_child[0], int(args.memory_child[1]))
         return
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    parts, record = args.parts.split(","), {"threads": torch.get_num_threads()}
     # memory first: Linux keeps ru_maxrss across fork+exec, so children must start from a small parent
-    m = memory_part(args.memory_tokens)
-    for name, mib in m.items():
-        print(f"peak memory {name:22s} {mib:8.0f} MiB")
-    t = time_part(args.preset, args.tokens, args.repeats)
-    for name, ratio in t["ratio_to_plain"].items():
-        print(f"time {name:16s} {t['seconds'][name]:7.2f} s   x{ratio:5.2f} of plain")
-    lp = long_part(args.long_tokens, 512)
-    print(f"long input: {lp['tokens']} tokens, chunk {lp['chunk']}: {lp['seconds']:.1f} s, "
-          f"{lp['logits_counted']} logits counted, peak {lp['peak_rss_mib']:.0f} MiB")
-    print(json.dumps({"threads": torch.get_num_threads(), "time": t, "memory_mib": m, "long": lp}))
+    if "memory" in parts:
+        record["memory_mib"] = m = memory_part(args.memory_tokens)
+        for name, mib in m.items():
+            print(f"peak memory {name:22s} {mib:8.0f} MiB")
+    if "time" in parts:
+        record["time"] = t = time_part(args.preset, args.tokens, args.repeats)
+        for name, ratio in t["ratio_to_plain"].items():
+            print(f"time {name:16s} {t['seconds'][name]:7.2f} s   x{ratio:5.2f} of plain")
+    if "long" in parts:
+        record["long"] = lp = long_part(args.long_tokens, 512)
+        print(f"long input: {lp['tokens']} tokens, chunk {lp['chunk']}: {lp['seconds']:.1f} s, "
+              f"{lp['logits_counted']} logits counted, peak {lp['peak_rss_mib']:.0f} MiB")
+    print(json.dumps(record))
 
 
 if __name__ == "__main__":
