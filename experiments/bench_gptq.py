@@ -47,9 +47,9 @@ WINDOW, EVAL_WINDOWS, CALIB_TOKENS = 256, 64, 128 * 256
 ROWS = {
     "rtn": dict(method="rtn"),
     "rtn-full": dict(method="rtn", grid="full"),
-    "gptq": dict(),  # our defaults: absmax grid, damp 0.01, true-sequential
-    "gptq-damp.05": dict(damp=0.05),
-    "gptq-full": dict(grid="full"),
+    "gptq": dict(grid="absmax"),  # the defaults before issue 16: absmax grid, damp 0.01, true-sequential
+    "gptq-damp.05": dict(grid="absmax", damp=0.05),
+    "gptq-full": dict(grid="full"),  # today's defaults
     "gptq-full-damp.05": dict(grid="full", damp=0.05),  # GPTQModel 7.7's settings
     "gptq-full-damp.05-parallel": dict(grid="full", damp=0.05, sequential=False),
 }

@@ -22,8 +22,9 @@ def register(sub) -> None:
     p.add_argument("--bits", type=int, default=None, help="weight bits, 2..8 (rtn/gptq)")
     p.add_argument("--group-size", type=int, default=None, help="weights per scale (default: one per row)")
     p.add_argument("--asymmetric", action="store_true", help="min/max weights with zero points")
-    p.add_argument("--grid", default="absmax", choices=["absmax", "full"],
-                   help="symmetric grid: absmax (codes ±(2^(b-1)-1)) or full (GPTQ's: all 2^b levels)")
+    p.add_argument("--grid", default=None, choices=["absmax", "full"],
+                   help="symmetric grid: absmax (codes ±(2^(b-1)-1)) or full (GPTQ's: all 2^b levels); "
+                        "default full for gptq, absmax for rtn")
     p.add_argument("--act-order", action="store_true", help="GPTQ: columns by decreasing Hessian diagonal")
     p.add_argument("--damp", type=float, default=0.01, help="GPTQ damping (fraction of the mean diagonal)")
     p.add_argument("--threshold", type=float, default=6.0, help="bnb-int8 outlier threshold")

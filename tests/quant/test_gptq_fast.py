@@ -78,6 +78,12 @@ def test_full_grid_rtn_uses_all_levels_with_a_finer_step():
     assert torch.all((w_hat - W).abs().reshape(16, 5, 8) <= scale[..., None] * (0.5 + 1e-12) * 15 / 14 + 1e-12)
 
 
+def test_the_grid_defaults_to_gptqs_own_for_gptq_and_absmax_elsewhere():
+    assert WeightQuant("gptq", bits=4).grid == "full" and WeightQuant("rtn", bits=4).grid == "absmax"
+    assert WeightQuant("gptq", bits=4, symmetric=False).grid == "absmax"
+    assert WeightQuant.from_dict(WeightQuant("gptq", bits=4, grid="absmax").to_dict()).grid == "absmax"
+
+
 def test_full_grid_settings_are_validated():
     with pytest.raises(ValueError, match="grid"):
         WeightQuant("gptq", bits=4, grid="full", symmetric=False)
