@@ -44,6 +44,7 @@ _F32_MAX = torch.finfo(torch.float32).max
 _INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _CHUNK = 1 << 23  # elements per step where a per-element temporary (int32, float64) would cost memory
 _COMPACT_AT = 1 << 16  # pending values in an exact-pass bin before deduplication
+_SUM_BLOCK = 1024  # values per float32 partial sum of Moments
 
 
 def quantile_rank(q: float, n: int) -> int:
@@ -56,29 +57,50 @@ def quantile_rank(q: float, n: int) -> int:
 class _Prepared:
     """|x| of one update, computed once and shared by the reducers of a SiteStats.
 
-    ``a`` is a contiguous copy of |x| in x's dtype (no float64 copy) in which every entry that does
-    not count (masked out, NaN, ±Inf) is set to 0; ``valid`` (None when every entry counts) tells
-    those zeros from real ones. Zero filling lets sums, maxima and histograms skip a compaction.
+    ``a`` holds |x| in x's dtype (no float64 copy). A mask that varies only over trailing dims (the causal
+    (T, S) mask of attention logits, the same for every batch and head) is applied by gathering the counted
+    positions once (``compact``): ``a`` is then the flat |x| of counted entries only, in row-major order, and
+    ``flat_index`` maps its positions back. Otherwise ``a`` has x's shape and every entry that does not count
+    is set to 0. Either way NaN and ±Inf are set to 0 too, and ``valid`` (None when every entry of ``a``
+    counts) tells those zeros from real ones, so sums, maxima and histograms skip a compaction. ``amax`` is
+    the largest counted |x| when it was found on the way (finite data), else None.
     """
 
-    def __init__(self, x: torch.Tensor, mask: torch.Tensor | None):
+    def __init__(self, x: torch.Tensor, mask: torch.Tensor | None, compact: bool = True):
         if not x.is_floating_point():
             raise TypeError(f"expected a floating tensor, got {x.dtype}")
         self.shape = tuple(x.shape)
         self.dtype = x.dtype
-        self.a = torch.empty(self.shape, dtype=x.dtype, device=x.device)  # row-major flat indices
-        torch.abs(x.detach(), out=self.a)
-        valid = self.a <= torch.finfo(x.dtype).max  # False for NaN and ±Inf; cheaper than isfinite
+        self.keep: torch.Tensor | None = None  # counted positions within one trailing block
+        x = x.detach()
         if mask is not None:
             if mask.dtype != torch.bool:  # an additive float mask would silently count wrong entries
                 raise TypeError(f"mask must be boolean, got {mask.dtype}")
-            mask = torch.broadcast_to(mask.to(x.device), self.shape)
+            mask = mask.to(x.device)
+            self.block = _trailing_block(mask, self.shape) if compact and x.numel() else None
+            if self.block is not None:
+                self.keep = mask.reshape(self.block).nonzero().squeeze(1)
+                self.a = x.reshape(-1, self.block).index_select(1, self.keep).view(-1).abs_()
+                mask = None
+        if self.keep is None:
+            self.a = torch.empty(self.shape, dtype=x.dtype, device=x.device)  # row-major flat indices
+            torch.abs(x, out=self.a)
+        self.amax: float | None = None
+        self.n_nan = self.n_inf = 0
+        if mask is None:
+            top = float(self.a.max()) if self.a.numel() else 0.0  # NaN if any NaN, inf if any inf
+            if top <= torch.finfo(x.dtype).max:
+                self.amax = top if self.a.numel() else None
+                self.n_valid, self.n_zeroed, self.valid = self.a.numel(), 0, None
+                return
+        valid = self.a <= torch.finfo(x.dtype).max  # False for NaN and ±Inf; cheaper than isfinite
+        if mask is not None:
+            mask = torch.broadcast_to(mask, self.shape)
             valid &= mask
             n_counted = int(torch.count_nonzero(mask))
         else:
             n_counted = self.a.numel()
         self.n_valid = int(torch.count_nonzero(valid))
-        self.n_nan = self.n_inf = 0
         if self.n_valid < n_counted:
             nan = torch.isnan(self.a) if mask is None else torch.isnan(self.a) & mask
             self.n_nan = int(torch.count_nonzero(nan))
@@ -91,6 +113,25 @@ class _Prepared:
     @property
     def ndim(self) -> int:
         return len(self.shape)
+
+    def flat_index(self, idx: torch.Tensor) -> torch.Tensor:
+        """Positions in ``a.view(-1)`` -> row-major flat indices into x (monotone, so orders are kept)."""
+        if self.keep is None:
+            return idx
+        k = self.keep.numel()
+        return torch.div(idx, k, rounding_mode="floor") * self.block + self.keep[idx % k]
+
+
+def _trailing_block(mask: torch.Tensor, shape: tuple[int, ...]) -> int | None:
+    """Size of the trailing dims a mask varies over, when it is constant over all leading dims of ``shape``
+    and spans the trailing ones in full (e.g. (T, S) or (1, 1, T, S) for (B, H, T, S)); else None."""
+    if mask.ndim > len(shape):
+        return None
+    mshape = (1,) * (len(shape) - mask.ndim) + tuple(mask.shape)
+    j = next((i for i, m in enumerate(mshape) if m != 1), len(shape))
+    if mshape[j:] != shape[j:]:
+        return None
+    return math.prod(shape[j:])
 
 
 # ----------------------------------------------------------------------------------------------- top-k
@@ -204,7 +245,7 @@ class TopK:
         vals, idx = self._candidates(p)
         m = vals.numel()
         if m:
-            coords = _unravel(idx.cpu(), p.shape)
+            coords = _unravel(p.flat_index(idx).cpu(), p.shape)
             tags = torch.full((m,), int(tag), dtype=torch.long)
             self._absorb(vals.cpu().double(), coords, tags, torch.full((m,), call, dtype=torch.long))
 
@@ -212,6 +253,8 @@ class TopK:
         flat = p.a.view(-1)
         if self.values.numel() == self.k:
             # Full: only entries strictly above the k-th kept value can enter (ties go to earlier calls).
+            if p.amax is not None and p.amax <= float(self.values[-1]):
+                return flat[:0], flat.new_empty(0, dtype=torch.long)
             t = _round_down(float(self.values[-1]), flat.dtype).to(flat.device)
             idx = _above(flat, t, 4 * self.k)  # > t >= 0: never a fill zero
             if idx is not None:  # cheap path, the common case once the stream has warmed up
@@ -504,8 +547,21 @@ def _empty_kept() -> tuple[torch.Tensor, torch.Tensor]:
 # --------------------------------------------------------------------------------------------- moments
 
 
+def _sum_abs(p: _Prepared) -> float:
+    """Sum of ``p.a`` (fill zeros add nothing): float32 sums of _SUM_BLOCK values, added in float64, so the
+    relative error stays below ~1e-6 (all terms are >= 0) at a fraction of a float64 pass; float64 data and
+    values large enough to overflow a float32 block sum go the float64 way, in chunks (no float64 copy)."""
+    flat = p.a.view(-1)
+    n = flat.numel()
+    if flat.dtype == torch.float64 or p.amax is None or p.amax * _SUM_BLOCK >= _F32_MAX:
+        return float(sum(flat[a:b].sum(dtype=torch.float64) for a, b in _spans(n)))
+    whole = n - n % _SUM_BLOCK
+    blocks = flat[:whole].view(-1, _SUM_BLOCK).sum(1, dtype=torch.float32).double().sum()
+    return float(blocks + flat[whole:].sum(dtype=torch.float64))
+
+
 class Moments:
-    """Count of counted finite entries, mean |x| (float64 sums), max |x|, NaN and ±Inf counts."""
+    """Count of counted finite entries, mean |x| (relative error < ~1e-6), max |x|, NaN and ±Inf counts."""
 
     def __init__(self):
         self.count = 0
@@ -527,11 +583,8 @@ class Moments:
         if p.n_valid == 0:
             return
         self.count += p.n_valid
-        flat = p.a.view(-1)
-        # Fill zeros add nothing; chunks avoid torch materialising a float64 copy of x.
-        parts = [flat[a:b].sum(dtype=torch.float64) for a, b in _spans(flat.numel())]
-        self.sum += float(torch.stack(parts).sum())
-        self._take_max(float(p.a.max()))
+        self.sum += _sum_abs(p)
+        self._take_max(p.amax if p.amax is not None else float(p.a.max()))
 
     def _take_max(self, m: float | None) -> None:
         if m is not None:
@@ -574,9 +627,9 @@ def row_kurtosis(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """Kurtosis of each vector along ``dim`` in float64, as Bondarenko et al. (arXiv 2306.12929) measure
     outliers: E[(x − μ)⁴] / (s⁴ + 1e-6) with s the unbiased standard deviation (their utils.kurtosis)."""
     x = x.double()
-    mu = x.mean(dim, keepdim=True)
-    s = x.std(dim)
-    return ((x - mu) ** 4).mean(dim) / (s**4 + KURTOSIS_EPS)
+    d2 = (x - x.mean(dim, keepdim=True)).square_()  # squared deviations, reused for s² and the 4th moment
+    var = d2.sum(dim) / (x.shape[dim] - 1)  # s², unbiased
+    return d2.square_().mean(dim) / (var.square() + KURTOSIS_EPS)
 
 
 class Kurtosis:
@@ -637,7 +690,7 @@ class ChannelMax:
         self.max = torch.empty(0, dtype=torch.float64)  # -1 marks a channel with no counted entry
 
     def update(self, x: torch.Tensor, mask: torch.Tensor | None = None, tag: int = 0) -> None:
-        self._ingest(_Prepared(x, mask))
+        self._ingest(_Prepared(x, mask, compact=False))
 
     def _ingest(self, p: _Prepared) -> None:
         if p.ndim == 0:
@@ -713,7 +766,7 @@ class SiteStats:
         return [r for r in (self.hist, self.moments, self.channels) if r is not None]
 
     def update(self, x: torch.Tensor, mask: torch.Tensor | None = None, tag: int = 0) -> None:
-        p = _Prepared(x, mask)
+        p = _Prepared(x, mask, compact=self.channels is None)  # per-channel maxima need x's shape
         self.topk._ingest(p, tag)
         for r in self._parts():
             r._ingest(p)

@@ -1,6 +1,7 @@
 """Forward throughput of Transformer vs Diff (small preset), eager and sdpa, measured side by side.
 
     python experiments/bench_attention.py [--preset small] [--batch 8] [--seq-len 256] [--repeats 7]
+                                          [--impls eager,sdpa] [--threads N]
 
 Runs alternate between the two archs so machine noise hits both alike; prints the median tokens/s of each
 and the ratio Diff/Transformer (the paper reports 0.88-0.95 on H100 with its custom kernel).
@@ -46,9 +47,13 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--impls", default="eager,sdpa")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     results = [bench(args.preset, impl, args.batch, args.seq_len, args.repeats, args.device)
-               for impl in ("eager", "sdpa")]
+               for impl in args.impls.split(",")]
     for r in results:
         t = r["tokens_per_s"]
         print(f"{r['impl']:>5}: transformer {t['transformer']:9.0f} tok/s   diff {t['diff']:9.0f} tok/s   "

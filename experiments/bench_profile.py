@@ -1,10 +1,13 @@
 """Cost of profiling, side by side in one run (not a timed test).
 
     python experiments/bench_profile.py [--preset small] [--tokens 16384] [--memory-tokens 10000 1000000]
+                                        [--parts time,memory,long] [--threads N] [--baseline-stats FILE]
 
 Part 1, time (same model, same batches, alternating repeats; ratios to (a)):
   (a) plain eager forward, (b) profiling hidden states only, (c) hidden states + attention logits,
-  (d) the naive baseline: store every activation (float64, as massive-activations does), then sort.
+  (d) the naive baseline: store every activation (float64, as massive-activations does), then sort;
+  with --baseline-stats (e.g. an older diffquant/stats.py from `git show REV:diffquant/stats.py > old.py`),
+  (b) and (c) again with that file's SiteStats, so a change is measured against its baseline in the same run.
 Part 2, peak memory (each measurement in a fresh subprocess, ru_maxrss) at two token counts on the tiny
 preset: diffquant's streaming profiler should stay flat, the naive baseline grows with the data.
 Part 3, long inputs: one 8K-token sequence profiled with query-chunked eager attention.
@@ -13,6 +16,7 @@ Part 3, long inputs: one 8K-token sequence profiled with query-chunked eager att
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import resource
 import statistics
@@ -51,7 +55,27 @@ def timed(fn) -> float:
     return time.perf_counter() - start
 
 
-def time_part(preset: str, tokens: int, repeats: int) -> dict:
+def with_stats(site_stats, fn):
+    """Run ``fn`` with diffquant.profile using ``site_stats`` as its SiteStats class."""
+    module = sys.modules["diffquant.profile"]
+
+    def run():
+        saved, module.SiteStats = module.SiteStats, site_stats
+        try:
+            fn()
+        finally:
+            module.SiteStats = saved
+    return run
+
+
+def load_site_stats(path: str):
+    spec = importlib.util.spec_from_file_location("diffquant.baseline_stats", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.SiteStats
+
+
+def time_part(preset: str, tokens: int, repeats: int, baseline: str | None = None) -> dict:
     cfg = ModelConfig.preset(preset, arch="diff", attn_impl="eager")
     model = build_model(cfg, seed=0).eval()
     batches = token_batches(torch.randint(0, cfg.vocab_size, (tokens,)), cfg.max_seq_len, 8)
@@ -67,6 +91,10 @@ def time_part(preset: str, tokens: int, repeats: int) -> dict:
         "c_hidden_logits": lambda: profile(model, batches, sites=("hidden", "attn_logits"), progress=False),
         "d_naive": lambda: naive_profile(model, batches),
     }
+    if baseline:
+        old = load_site_stats(baseline)
+        variants["b_hidden_baseline"] = with_stats(old, variants["b_hidden"])
+        variants["c_hidden_logits_baseline"] = with_stats(old, variants["c_hidden_logits"])
     times = {k: [] for k in variants}
     for fn in variants.values():
         fn()  # warm-up
@@ -118,22 +146,31 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--memory-tokens", type=int, nargs=2, default=[10_000, 1_000_000])
     parser.add_argument("--long-tokens", type=int, default=8192)
+    parser.add_argument("--parts", default="time,memory,long", help="which parts to run (comma-separated)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--baseline-stats", default=None, help="a stats.py whose SiteStats to time beside ours")
     parser.add_argument("--memory-child", nargs=2, metavar=("KIND", "TOKENS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.memory_child:
         memory_child(args.memory_child[0], int(args.memory_child[1]))
         return
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    parts, record = args.parts.split(","), {"threads": torch.get_num_threads()}
     # memory first: Linux keeps ru_maxrss across fork+exec, so children must start from a small parent
-    m = memory_part(args.memory_tokens)
-    for name, mib in m.items():
-        print(f"peak memory {name:22s} {mib:8.0f} MiB")
-    t = time_part(args.preset, args.tokens, args.repeats)
-    for name, ratio in t["ratio_to_plain"].items():
-        print(f"time {name:16s} {t['seconds'][name]:7.2f} s   x{ratio:5.2f} of plain")
-    lp = long_part(args.long_tokens, 512)
-    print(f"long input: {lp['tokens']} tokens, chunk {lp['chunk']}: {lp['seconds']:.1f} s, "
-          f"{lp['logits_counted']} logits counted, peak {lp['peak_rss_mib']:.0f} MiB")
-    print(json.dumps({"threads": torch.get_num_threads(), "time": t, "memory_mib": m, "long": lp}))
+    if "memory" in parts:
+        record["memory_mib"] = m = memory_part(args.memory_tokens)
+        for name, mib in m.items():
+            print(f"peak memory {name:22s} {mib:8.0f} MiB")
+    if "time" in parts:
+        record["time"] = t = time_part(args.preset, args.tokens, args.repeats, args.baseline_stats)
+        for name, ratio in t["ratio_to_plain"].items():
+            print(f"time {name:16s} {t['seconds'][name]:7.2f} s   x{ratio:5.2f} of plain")
+    if "long" in parts:
+        record["long"] = lp = long_part(args.long_tokens, 512)
+        print(f"long input: {lp['tokens']} tokens, chunk {lp['chunk']}: {lp['seconds']:.1f} s, "
+              f"{lp['logits_counted']} logits counted, peak {lp['peak_rss_mib']:.0f} MiB")
+    print(json.dumps(record))
 
 
 if __name__ == "__main__":

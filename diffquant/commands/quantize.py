@@ -22,6 +22,9 @@ def register(sub) -> None:
     p.add_argument("--bits", type=int, default=None, help="weight bits, 2..8 (rtn/gptq)")
     p.add_argument("--group-size", type=int, default=None, help="weights per scale (default: one per row)")
     p.add_argument("--asymmetric", action="store_true", help="min/max weights with zero points")
+    p.add_argument("--grid", default=None, choices=["absmax", "full"],
+                   help="symmetric grid: absmax (codes ±(2^(b-1)-1)) or full (GPTQ's: all 2^b levels); "
+                        "default full for gptq, absmax for rtn")
     p.add_argument("--act-order", action="store_true", help="GPTQ: columns by decreasing Hessian diagonal")
     p.add_argument("--damp", type=float, default=0.01, help="GPTQ damping (fraction of the mean diagonal)")
     p.add_argument("--threshold", type=float, default=6.0, help="bnb-int8 outlier threshold")
@@ -55,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
     config = QuantConfig(
         weights=None if args.weights == "none" else WeightQuant(
             args.weights, bits=args.bits, group_size=args.group_size, symmetric=not args.asymmetric,
-            act_order=args.act_order, damp=args.damp, threshold=args.threshold, embeddings=args.embeddings),
+            grid=args.grid, act_order=args.act_order, damp=args.damp, threshold=args.threshold,
+            embeddings=args.embeddings),
         activations=None if args.act_bits is None else ActQuant(args.act_bits, args.act_granularity),
         logits=None if args.logit_bits is None else ActQuant(args.logit_bits, args.logit_granularity),
     )

@@ -26,6 +26,7 @@ from diffquant.quant.act import InputQuantLinear, QuantProbe
 from diffquant.quant.config import HEAD_GRANULARITIES, QuantConfig, WeightQuant
 from diffquant.quant.gptq import gptq_quantize_
 from diffquant.quant.linear import QuantEmbedding, QuantLinear, _PackedWeight
+from diffquant.quant.rtn import rtn_codes
 
 log = logging.getLogger(__name__)
 
@@ -163,11 +164,12 @@ def _quantize_weights(model, wq: WeightQuant, linears: list[str], embeddings: li
     own = [n for n in linears if n not in tied]
     if wq.method == "rtn":
         for name in own:
-            model.set_submodule(name, QuantLinear.from_float(model.get_submodule(name), wq.bits, wq.group_size,
-                                                             wq.symmetric))
+            linear = model.get_submodule(name)
+            codes, scale, zero = rtn_codes(linear.weight, wq.bits, wq.group_size, wq.symmetric, wq.grid)
+            model.set_submodule(name, QuantLinear.from_codes(linear, codes, scale, zero, wq.bits, wq.group_size))
     elif wq.method == "gptq":
         gptq_quantize_(model, own, batches, wq.bits, wq.group_size, wq.symmetric, wq.act_order, wq.damp,
-                       wq.block_size)
+                       wq.block_size, wq.grid, wq.sequential)
     else:
         from diffquant.quant.bnb import bnb_quantize_
 

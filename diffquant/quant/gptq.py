@@ -14,13 +14,17 @@ the layer's squared output error, H = 2·XᵀX/N:
 
 ``gptq_quantize_`` runs it on a model layer by layer: each stage (the Linear layers that read the same input
 tensor, e.g. q/k/v, then out_proj, then gate/up, then down) is calibrated on inputs produced by the already
-quantized earlier layers, found generically by forward hooks in execution order (no model import).
+quantized earlier layers, found generically by forward hooks in execution order (no model import). Blocks run
+on cached inputs (one model forward in all, cut at the first block), so the cost is a few block forwards per
+block rather than a model prefix per stage.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import time
 from typing import Iterable
 
 import torch
@@ -29,7 +33,7 @@ from tqdm.auto import tqdm
 
 from diffquant.quant.linear import QuantLinear
 from diffquant.quant.numerics import PerAxis, code_range, quantize
-from diffquant.quant.rtn import weight_granularity
+from diffquant.quant.rtn import check_grid, full_grid_params, rtn_codes, weight_granularity
 
 log = logging.getLogger(__name__)
 
@@ -72,12 +76,14 @@ def _inverse_cholesky(H: torch.Tensor, damp: float) -> torch.Tensor:
 
 def gptq_codes(
     weight: torch.Tensor, H: torch.Tensor, bits: int, group_size: int | None = None, symmetric: bool = True,
-    act_order: bool = False, damp: float = 0.01, block_size: int = 128,
+    act_order: bool = False, damp: float = 0.01, block_size: int = 128, grid: str = "absmax",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """GPTQ codes of ``weight`` [out, in] for Hessian ``H`` [in, in]: (codes, scale [out, n_groups], zero | None).
 
-    Works in float32 (float64 for a float64 weight); the Hessian's inverse is factored in float64.
+    ``grid``: "absmax" (codes ±(2**(bits-1)-1)) or "full" (GPTQ's symmetric grid, see ``rtn``; zero points
+    2**(bits-1)). Works in float32 (float64 for a float64 weight); the Hessian's inverse is factored in float64.
     """
+    check_grid(grid, symmetric)
     rows, cols = weight.shape
     if H.shape != (cols, cols):
         raise ValueError(f"Hessian of shape {tuple(H.shape)} does not fit a weight with {cols} inputs")
@@ -97,10 +103,11 @@ def gptq_codes(
     group_of = (perm // gs).tolist()  # group (in original order) of each permuted column; a list: no device syncs
     U = _inverse_cholesky(H, damp).to(wdt)
 
-    qmin, qmax = code_range(bits, symmetric)
+    full = grid == "full"
+    qmin, qmax = (0, 2**bits - 1) if full else code_range(bits, symmetric)
     codes = torch.zeros(rows, cols, dtype=wdt, device=W.device)  # permuted order, integer-valued
     scale = torch.zeros(rows, n_groups, dtype=wdt, device=W.device)
-    zero = None if symmetric else torch.zeros(rows, n_groups, dtype=wdt, device=W.device)
+    zero = None if symmetric and not full else torch.zeros(rows, n_groups, dtype=wdt, device=W.device)
     ready = [False] * n_groups
     for i1 in range(0, cols, block_size):
         i2 = min(i1 + block_size, cols)
@@ -110,7 +117,7 @@ def gptq_codes(
             g = group_of[i1 + i]
             if not ready[g]:  # first column of this group: scale from the group's current weights
                 members = inv_perm[g * gs:(g + 1) * gs]
-                s, z = _group_params(W, W1, i1, i2, members, bits, symmetric)
+                s, z = _group_params(W, W1, i1, i2, members, bits, symmetric, full)
                 scale[:, g] = s
                 if zero is not None:
                     zero[:, g] = z
@@ -126,11 +133,13 @@ def gptq_codes(
     return codes, scale, None if zero is None else zero.to(torch.int16)
 
 
-def _group_params(W, W1, i1, i2, members, bits, symmetric):
+def _group_params(W, W1, i1, i2, members, bits, symmetric, full):
     """Scale (and zero) of one group from its current values: in-block columns live in W1, the rest in W."""
     vals = W[:, members].clone()
     inside = (members >= i1) & (members < i2)
     vals[:, inside] = W1[:, members[inside] - i1]
+    if full:
+        return full_grid_params(vals, bits)
     _, s, z, _ = quantize(vals, bits, PerAxis((0,)), symmetric)
     return s[:, 0], None if z is None else z[:, 0].to(vals.dtype)
 
@@ -157,51 +166,152 @@ class _StopForward(Exception):
 def gptq_quantize_(
     model: nn.Module, names: list[str], calib: list[torch.Tensor], bits: int, group_size: int | None = None,
     symmetric: bool = True, act_order: bool = False, damp: float = 0.01, block_size: int = 128,
+    grid: str = "absmax", sequential: bool = True,
 ) -> list[str]:
     """Replace the ``nn.Linear`` modules ``names`` of ``model`` by GPTQ ``QuantLinear``s, in execution order.
 
     ``calib``: batches of token ids, each passed as ``model(batch)``. Returns the names quantized by GPTQ;
     layers the forward never reaches fall back to round-to-nearest (with a warning).
+
+    When every name lies inside the blocks of one ``nn.ModuleList`` (``layers.0``, ``layers.1``, ...), the
+    inputs of the first block are captured once and each block then runs on its cached inputs: once per stage
+    (cut short after the stage's inputs) and once more for the next block's inputs, instead of a forward of
+    the whole model per stage; the results are the same. ``sequential=False`` calibrates all stages of a block
+    on one forward of the float block (GPTQModel's ``true_sequential=False``). Fused attention (sdpa) is used
+    for the calibration forwards of a model that has it.
     """
     if not calib:
         raise ValueError("GPTQ needs calibration data (calib=...)")
-    remaining = list(names)
+    check_grid(grid, symmetric)
     done: list[str] = []
+    start = time.perf_counter()
+
+    def quantize_stage(owner: nn.Module, prefix: str, stage: list[str], hessians: dict, bar) -> None:
+        for name in stage:
+            linear = owner.get_submodule(name)
+            codes, scale, zero = gptq_codes(linear.weight, hessians[name].hessian(), bits, group_size, symmetric,
+                                            act_order, damp, block_size, grid)
+            owner.set_submodule(name, QuantLinear.from_codes(linear, codes, scale, zero, bits, group_size))
+            done.append(prefix + name)
+            bar.update(1)
+
+    def fallback(owner: nn.Module, prefix: str, left: list[str]) -> None:
+        log.warning("GPTQ: %d layers never ran in the forward (%s); using round-to-nearest",
+                    len(left), ", ".join(prefix + n for n in left[:3]))
+        for name in left:
+            codes, scale, zero = rtn_codes(owner.get_submodule(name).weight, bits, group_size, symmetric, grid)
+            owner.set_submodule(name, QuantLinear.from_codes(owner.get_submodule(name), codes, scale, zero, bits,
+                                                             group_size))
+
+    def run_stages(owner, prefix, left, inputs, forward, bar) -> None:
+        while left:
+            stage, hessians = _calibrate_next_stage(owner, left, inputs, forward, whole=not sequential)
+            if not stage:
+                fallback(owner, prefix, left)
+                return
+            quantize_stage(owner, prefix, stage, hessians, bar)
+            left = [n for n in left if n not in stage]
+
     was_training = model.training
     model.eval()
+    blocks = _blocks(model, names)
     try:
-        with tqdm(total=len(remaining), desc="gptq", unit="layer", disable=None) as bar:
-            while remaining:
-                stage, hessians = _calibrate_next_stage(model, remaining, calib)
-                if not stage:
-                    log.warning("GPTQ: %d layers never ran in the forward (%s); using round-to-nearest",
-                                len(remaining), ", ".join(remaining[:3]))
-                    for name in remaining:
-                        _replace(model, name, QuantLinear.from_float(model.get_submodule(name), bits, group_size,
-                                                                     symmetric))
-                    break
-                for name in stage:
-                    linear = model.get_submodule(name)
-                    codes, scale, zero = gptq_codes(linear.weight, hessians[name].hessian(), bits, group_size,
-                                                    symmetric, act_order, damp, block_size)
-                    _replace(model, name, QuantLinear.from_codes(linear, codes, scale, zero, bits, group_size))
-                    remaining.remove(name)
-                    done.append(name)
-                    bar.update(1)
+        with _fused_attention(model), torch.no_grad(), \
+                tqdm(total=len(names), desc="gptq", unit="layer", disable=None) as bar:
+            if blocks is None:  # the generic path: each stage from a forward of the whole model
+                run_stages(model, "", list(names), calib, None, bar)
+            else:
+                inputs = _block_inputs(model, blocks[0][1], calib)
+                for i, (prefix, block, local) in enumerate(blocks):
+                    run_stages(block, prefix + ".", local, inputs, _run_block, bar)
+                    if i + 1 < len(blocks):
+                        inputs = [_next_inputs(args, kwargs, _run_block(block, (args, kwargs)))
+                                  for args, kwargs in inputs]
+                    log.info("GPTQ: %s done (%.1f s)", prefix, time.perf_counter() - start)
     finally:
         model.train(was_training)
     return done
 
 
-def _replace(model: nn.Module, name: str, module: nn.Module) -> None:
-    model.set_submodule(name, module)
+def _blocks(model: nn.Module, names: list[str]) -> list[tuple[str, nn.Module, list[str]]] | None:
+    """(prefix, block, names relative to it) for every block of the ModuleList holding ``names``, from the first
+    block with a name to the last; None unless every name lies strictly inside a block of one (outermost)
+    ModuleList."""
+    lists = {n for n, m in model.named_modules() if isinstance(m, nn.ModuleList)}
+    owners, where = set(), {}
+    for name in names:
+        parts = name.split(".")
+        hits = [k for k in range(len(parts) - 1) if ".".join(parts[:k]) in lists and parts[k].isdigit()]
+        if not hits:
+            return None
+        k = hits[0]
+        owners.add(".".join(parts[:k]))
+        where.setdefault(int(parts[k]), []).append(".".join(parts[k + 1:]))
+    if len(owners) != 1:
+        return None
+    owner = owners.pop()
+    container, prefix = model.get_submodule(owner), f"{owner}." if owner else ""
+    return [(f"{prefix}{i}", container[i], where.get(i, [])) for i in range(min(where), max(where) + 1)]
+
+
+def _block_inputs(model: nn.Module, first: nn.Module, calib) -> list[tuple[tuple, dict]]:
+    """The (args, kwargs) of ``first`` for every calibration batch (the rest of each forward is skipped)."""
+    captured: list[tuple[tuple, dict]] = []
+
+    def hook(module, args, kwargs):
+        captured.append((args, kwargs))
+        raise _StopForward
+
+    handle = first.register_forward_pre_hook(hook, with_kwargs=True)
+    device = next(model.parameters()).device
+    try:
+        for batch in calib:
+            try:
+                model(batch.to(device))
+            except _StopForward:
+                pass
+    finally:
+        handle.remove()
+    if len(captured) != len(calib):
+        raise ValueError("GPTQ: the first block did not run for every calibration batch")
+    return captured
+
+
+def _run_block(block: nn.Module, inputs: tuple[tuple, dict]):
+    args, kwargs = inputs
+    return block(*args, **kwargs)
+
+
+def _next_inputs(args: tuple, kwargs: dict, out) -> tuple[tuple, dict]:
+    """The next block's (args, kwargs): this block's output (or its first element) replaces the hidden states."""
+    hidden = out[0] if isinstance(out, (tuple, list)) else out
+    return (hidden, *args[1:]), kwargs
+
+
+@contextlib.contextmanager
+def _fused_attention(model: nn.Module):
+    """Calibrate with sdpa when the model offers it (same outputs as eager, a fraction of the time on CPU)."""
+    config = getattr(model, "config", None)
+    impl = getattr(config, "attn_impl", None)
+    layers = getattr(model, "layers", None)
+    if impl != "eager" or not hasattr(model, "set_attn_impl") or layers is None:
+        yield
+        return
+    chunk = layers[0].attn.chunk if len(layers) else None
+    model.set_attn_impl("sdpa")
+    try:
+        yield
+    finally:
+        model.set_attn_impl(impl, chunk)
 
 
 def _calibrate_next_stage(
-    model: nn.Module, remaining: list[str], calib: Iterable[torch.Tensor]
+    model: nn.Module, remaining: list[str], inputs: Iterable, forward=None, whole: bool = False,
 ) -> tuple[list[str], dict[str, HessianAccumulator]]:
     """The next stage (the first remaining Linear to run and those reading the very same input tensor) and
-    the Hessians of its layers, accumulated over every calibration batch."""
+    the Hessians of its layers, accumulated over every input, each run as ``forward(model, item)`` (default
+    ``model(item)``, item a batch of token ids).
+    ``whole``: every remaining layer that runs is the stage (all Hessians from the same forwards)."""
     stage: list[str] = []
     hessians: dict[str, HessianAccumulator] = {}
     state = {"fixed": False, "first_input": None, "seen": set()}
@@ -209,7 +319,10 @@ def _calibrate_next_stage(
     def make_hook(name: str):
         def hook(module, args):
             x = args[0]
-            if not state["fixed"]:
+            if whole:
+                if name not in hessians:
+                    stage.append(name)
+            elif not state["fixed"]:
                 if stage and (x is not state["first_input"] or name in stage):
                     state["fixed"] = True  # a different input: the stage is complete
                     raise _StopForward
@@ -228,17 +341,17 @@ def _calibrate_next_stage(
 
     handles = [model.get_submodule(n).register_forward_pre_hook(make_hook(n)) for n in remaining]
     device = next(model.parameters()).device
+    forward = forward or (lambda m, batch: m(batch))
     try:
-        with torch.no_grad():
-            for batch in calib:
-                state["seen"] = set()
-                try:
-                    model(batch.to(device))
-                except _StopForward:
-                    pass
-                state["fixed"], state["first_input"] = True, None
-                if not stage:
-                    break  # no remaining layer runs in the forward
+        for item in inputs:
+            state["seen"] = set()
+            try:
+                forward(model, item.to(device) if isinstance(item, torch.Tensor) else item)
+            except _StopForward:
+                pass
+            state["fixed"], state["first_input"] = not whole, None
+            if not stage:
+                break  # no remaining layer runs in the forward
     finally:
         for h in handles:
             h.remove()
