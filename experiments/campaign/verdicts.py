@@ -85,13 +85,15 @@ def main() -> None:
     parser.add_argument("--out", default="experiments/results/regime")
     parser.add_argument("--profile-windows", type=int, default=64,
                         help="windows of 512 held-out tokens profiled (part 1's protocol: 64)")
+    parser.add_argument("--only", default=None, help="evaluate only the pairs whose name contains this (a second "
+                        "process can share the work; a last run without it writes every table)")
     parser.add_argument("--windows", type=int, default=48, help="perplexity windows per task (each sweep cell)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     out = Path(args.out)
     ids = heldout_ids(Tokenizer.load(CORPUS / "tokenizer.model"))
     tasks = {"tinystories": args.windows, "test": args.windows}
-    pairs = short_pairs() + long_pairs()
+    pairs = [p for p in short_pairs() + long_pairs() if args.only is None or args.only in p["pair"]]
     results, table5 = [], {}
     for pair in pairs:
         logging.info("pair %s: %s", pair["pair"], ", ".join(pair["checkpoints"]))
