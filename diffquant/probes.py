@@ -112,9 +112,10 @@ def _eager_for_maps(model: nn.Module, chosen: dict[str, Probe]) -> list[tuple[nn
     maps are probed, keeping their chunk; returns what to restore."""
     if not any(p.kind in CAUSAL_KINDS for p in chosen.values()):
         return []
-    fused = [(m, m.impl) for m in model.modules() if hasattr(m, "impl") and hasattr(m, "chunk") and m.impl != "eager"]
+    switchable = [m for m in model.modules() if hasattr(m, "impl") and hasattr(m, "chunk")]
+    fused = [(m, m.impl) for m in switchable if m.impl != "eager"]
     impl = getattr(getattr(model, "config", None), "attn_impl", "eager")
-    if not fused and impl != "eager":
+    if not switchable and impl != "eager":  # (modules already switched to eager, e.g. by profile, are fine)
         log.warning("attention-map probes never fire on %s attention; run the model with eager attention", impl)
     if fused:
         log.info("attention maps exist only on the eager path: running eager (not %s) inside hooked()", fused[0][1])

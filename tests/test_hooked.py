@@ -45,6 +45,14 @@ def test_a_fused_model_that_cannot_switch_gets_a_warning(caplog):
     assert "never fire on sdpa attention" in caplog.text
 
 
+def test_profiling_an_sdpa_model_does_not_warn(caplog):
+    """profile() switches the attention modules to eager itself; the config still says sdpa: no false alarm."""
+    model = dq.build_model(tiny_config("diff", attn_impl="sdpa")).eval()
+    with caplog.at_level("WARNING"):
+        report = dq.profile(model, [torch.randint(0, 101, (2, 12))], progress=False)
+    assert report.data["sites"]["attn_logits"]["count"] > 0 and "never fire" not in caplog.text
+
+
 def test_text_batches_are_whole_windows_of_the_texts_with_bos():
     tok = default_tokenizer()
     texts = ["Once upon a time there was a cat. " * 20, "The end of the story came soon. " * 20]
