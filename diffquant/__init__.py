@@ -5,11 +5,11 @@ import logging
 from . import quant
 from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from .config import ModelConfig
-from .data import text_batches
 from .model import LM, build_model, num_params
 from .probes import Probe, hooked, probes
 from .profile import OutlierReport, profile
 from .quant.api import quantize, quantize_
+from .tokenizer import text_batches
 
 __version__ = "0.1.0"
 logging.getLogger(__name__).addHandler(logging.NullHandler())

@@ -272,30 +272,3 @@ def data_fingerprint(docs: Iterable[Document]) -> str:
         h.update(len(raw).to_bytes(8, "little"))
         h.update(raw)
     return h.hexdigest()
-
-
-def text_batches(texts: str | Sequence[str] | Sequence[Document], tokenizer, seq_len: int, batch_size: int = 8,
-                 max_tokens: int | None = None, bos: bool = True) -> list:
-    """Token batches (LongTensors ``[B, seq_len]``) from text, ready for ``profile``, ``quantize``'s calibration
-    or a forward: each text (or Document, e.g. from :func:`documents`) tokenised with BOS before it (the training
-    format, :func:`encode_documents`), the ids concatenated and cut into whole, non-overlapping windows of
-    ``seq_len`` (the first ``max_tokens`` tokens at most), ``batch_size`` windows per batch.
-    ``tokenizer``: a Tokenizer or a checkpoint path (its own tokenizer)."""
-    import torch
-
-    from .tokenizer import tokenizer_for
-
-    if isinstance(texts, str):
-        texts = [texts]
-    if isinstance(tokenizer, (str, os.PathLike)):
-        tokenizer = tokenizer_for(tokenizer)
-    for name, value in (("seq_len", seq_len), ("batch_size", batch_size), ("max_tokens", max_tokens or 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    docs = [t if isinstance(t, Document) else Document(f"text{i}", t) for i, t in enumerate(texts)]
-    ids = encode_documents(tokenizer, docs, bos=bos)
-    ids = torch.from_numpy(ids[:max_tokens].astype(np.int64))
-    n = len(ids) // seq_len
-    if n == 0:
-        raise ValueError(f"the text gives {len(ids)} tokens, fewer than one window of {seq_len}")
-    return list(ids[: n * seq_len].view(n, seq_len).split(batch_size))  # (n, seq_len) -> batches [B, seq_len]
