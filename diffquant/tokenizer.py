@@ -20,8 +20,12 @@ import os
 from collections.abc import Iterable, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .errors import UserError, first_line
+
+if TYPE_CHECKING:
+    from .data import Document
 
 log = logging.getLogger(__name__)
 
@@ -176,7 +180,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = DEFAULT_VOCAB_SIZE,
     return tok
 
 
-def text_batches(texts: str | Sequence[str] | Sequence["Document"], tokenizer, seq_len: int, batch_size: int = 8,
+def text_batches(texts: str | Sequence[str] | Sequence[Document], tokenizer, seq_len: int, batch_size: int = 8,
                  max_tokens: int | None = None, bos: bool = True) -> list:
     """Token batches (LongTensors ``[B, seq_len]``) from text, ready for ``profile``, ``quantize``'s calibration
     or a forward: each text (or Document, e.g. from :func:`documents`) tokenised with BOS before it (the training
