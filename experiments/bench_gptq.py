@@ -40,7 +40,6 @@ from diffquant.quant import QuantConfig, WeightQuant, quantize_model
 from diffquant.tokenizer import Tokenizer
 
 sys.path.insert(0, str(Path(__file__).parent))
-from stories260k_check import unpermute_rope_rows  # noqa: E402
 
 WINDOW, EVAL_WINDOWS, CALIB_TOKENS = 256, 64, 128 * 256
 # name -> WeightQuant overrides (method gptq, 4 bits, per channel unless said otherwise)
@@ -85,28 +84,12 @@ def export_hf(model, folder: Path) -> None:
     """stories260K as a transformers Llama folder (rotate-half q/k rows) with a stand-in id-level tokenizer."""
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
+
+    from diffquant.hf import to_hf_model
 
     c = model.config
-    hf = LlamaForCausalLM(LlamaConfig(
-        vocab_size=c.vocab_size, hidden_size=c.d_model, intermediate_size=c.ffn_dim, num_hidden_layers=c.n_layers,
-        num_attention_heads=c.n_heads, num_key_value_heads=c.n_kv_heads, head_dim=c.head_dim,
-        max_position_embeddings=c.max_seq_len, rms_norm_eps=c.norm_eps, rope_theta=c.rope_theta,
-        tie_word_embeddings=False, bos_token_id=1, eos_token_id=2))
-    state = {"model.embed_tokens.weight": model.embed.weight, "model.norm.weight": model.norm.weight,
-             "lm_head.weight": model.head.weight}
-    for i, b in enumerate(model.layers):
-        p = f"model.layers.{i}."
-        state[p + "self_attn.q_proj.weight"] = unpermute_rope_rows(b.attn.q_proj.weight, c.n_heads)
-        state[p + "self_attn.k_proj.weight"] = unpermute_rope_rows(b.attn.k_proj.weight, c.n_kv_heads)
-        state[p + "self_attn.v_proj.weight"] = b.attn.v_proj.weight
-        state[p + "self_attn.o_proj.weight"] = b.attn.out_proj.weight
-        for name in ("gate_proj", "up_proj", "down_proj"):
-            state[p + f"mlp.{name}.weight"] = getattr(b.mlp, name).weight
-        state[p + "input_layernorm.weight"] = b.attn_norm.weight
-        state[p + "post_attention_layernorm.weight"] = b.mlp_norm.weight
-    hf.load_state_dict({k: v.detach().clone() for k, v in state.items()}, strict=True)
-    hf.save_pretrained(folder)
+    to_hf_model(model).save_pretrained(folder)  # the converter the HF round-trip tests check
     vocab = {f"t{i}": i for i in range(3, c.vocab_size)} | {"<unk>": 0, "<s>": 1, "</s>": 2}
     tok = HFTokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()  # GPTQModel loads a tokenizer; ids are passed directly
