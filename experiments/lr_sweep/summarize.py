@@ -28,6 +28,7 @@ from diffquant import load_checkpoint, profile  # noqa: E402
 from diffquant.corpus import heldout_ids  # noqa: E402
 from diffquant.gguf import stories260k_path, stories260k_tokenizer_path  # noqa: E402
 from diffquant.quant import ActQuant, QuantConfig, quantize_model  # noqa: E402
+from diffquant.regime import GATE_LOGIT_TOP1, GATE_PPL_FACTOR  # noqa: E402
 from diffquant.tokenizer import Tokenizer  # noqa: E402
 from diffquant.tracking import max_over_layers  # noqa: E402
 from diffquant.train import eval_windows, mean_loss  # noqa: E402
@@ -106,17 +107,16 @@ def table(records: list[dict], teacher: dict) -> str:
     return "\n".join(lines)
 
 
-GATE_TOP1, GATE_PPL = 100.0, 2.0  # issue 13's outlier-regime gate, on the Transformer arm
 
 
 def gate(record: dict) -> bool:
-    return record["logit_top1"] >= GATE_TOP1 and record["logit4_ppl_ratio"] >= GATE_PPL
+    return record["logit_top1"] >= GATE_LOGIT_TOP1 and record["logit4_ppl_ratio"] >= GATE_PPL_FACTOR
 
 
 def ratios(records: list[dict]) -> str:
     """Transformer / Diff per (lr, seed): the paper's direction is ratio > 1; and the Transformer's gate."""
     out = ["| peak LR | seed | logit top-1 T/D | hidden top-1 T/D | ppl × 4-bit logits T / D | val loss D − T | "
-           "gate (T top-1 ≥ 100 and ppl × ≥ 2) |", "|---" * 7 + "|"]
+           f"gate (T top-1 ≥ {GATE_LOGIT_TOP1:g} and ppl × ≥ {GATE_PPL_FACTOR:g}) |", "|---" * 7 + "|"]
     by = {(r["lr"], r["seed"], r["arch"]): r for r in records}
     for lr, seed in sorted({(r["lr"], r["seed"]) for r in records}):
         t, d = by.get((lr, seed, "transformer")), by.get((lr, seed, "diff"))
