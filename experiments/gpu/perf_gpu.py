@@ -1,0 +1,334 @@
+"""Issue 16's three ratios on one GPU in bf16, side by side in one run (≤ 5 minutes on an H200), or on the CPU at
+toy sizes.
+
+    python experiments/gpu/perf_gpu.py --out experiments/results/gpu-perf     # one H200: ≤ 5 minutes
+    python experiments/gpu/perf_gpu.py --dry-run --out /tmp/gpu-perf-dry      # CPU, toy sizes (tested in CI)
+
+``--time-limit S`` (default 240 s, leaving time to start Python and CUDA within 5 minutes): every measurement
+checks it before it starts, and timed repeats stop early (after at least one) once it has passed; what the guard
+skipped is listed in the outputs.
+
+1. **Diff ÷ Transformer forward throughput** at matched parameters (``ModelConfig.preset(name, arch=...)``),
+   presets ``small`` and ``base``, bf16 autocast, fp32 weights: sdpa, and flash-attn where the package imports
+   (its absence is recorded as skipped). Warm-up, then repeats alternating the two archs, each timed between
+   ``torch.cuda.synchronize()`` calls; medians, tokens/s.
+2. **Profiling overhead**: ``diffquant.profile(model, batches, sites=("hidden", "attn_logits"))`` and hidden-only
+   ÷ a plain eager forward over the same batches (Diff, bf16 autocast, alternating repeats, medians), plus an sdpa
+   forward for reference and the profiling throughput in tokens/s, for ``small`` and ``base``.
+3. **GPTQ 4-bit per channel on stories260K** on the GPU: perplexity before / after (fp32 and bf16 autocast) and
+   the wall time of ``quantize_model``; windows as experiments/bench_gptq.py draws them (eval: the first 64 ×
+   256 tokens of the cased TinyStories sample; calibration: 128 × 256 tokens of the train split, seed 0), RTN
+   as a reference row.
+
+Outputs under ``--out``: ``perf_gpu.json`` (everything) and ``perf_gpu.md`` (the tables).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import platform
+import statistics
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from diffquant import ModelConfig, build_model, load_checkpoint, num_params, profile
+from diffquant.gguf import stories260k_path
+from diffquant.profile import token_batches
+from diffquant.quant import QuantConfig, WeightQuant, quantize_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import bench_gptq  # noqa: E402  (cased_ids, eval_windows, calib_windows, ROWS)
+
+ARCHS = ("transformer", "diff")
+NO_CUDA = "no CUDA GPU here: run with --dry-run, or on a GPU machine"
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    device: str
+    time_limit_s: float
+    shapes: dict  # throughput preset -> (batch, seq_len)
+    impls: tuple[str, ...]
+    warmup: int
+    repeats: int
+    inner: int  # forwards per timed repeat (throughput)
+    profile_tokens: dict  # profiling preset -> tokens (windows of the preset's max_seq_len)
+    profile_batch: int
+    profile_repeats: int
+    gptq_rows: tuple[str, ...]  # rows of bench_gptq.ROWS
+    calib: tuple[int, int]  # windows, seq_len (cut from bench_gptq's 128 x 256)
+    eval: tuple[int, int]  # windows, seq_len (cut from bench_gptq's 64 x 256)
+
+
+FULL = Plan(device="cuda", time_limit_s=240, shapes={"small": (64, 256), "base": (8, 1024)}, impls=("sdpa", "flash"),
+            warmup=3, repeats=10, inner=5, profile_tokens={"small": 16384, "base": 65536}, profile_batch=8,
+            profile_repeats=3, gptq_rows=("rtn", "gptq-full"), calib=(128, 256), eval=(64, 256))
+DRY = Plan(device="cpu", time_limit_s=120, shapes={"tiny": (2, 64)}, impls=("sdpa", "flash"), warmup=1, repeats=2,
+           inner=1, profile_tokens={"tiny": 256}, profile_batch=2, profile_repeats=1, gptq_rows=("rtn", "gptq-full"),
+           calib=(4, 64), eval=(2, 64))
+
+
+class Guard:
+    """The script's time limit: ``ok(what)`` says whether a measurement may start and records what it skips."""
+
+    def __init__(self, limit_s: float):
+        self.start, self.limit_s, self.skipped = time.monotonic(), limit_s, []
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    def passed(self) -> bool:
+        return self.elapsed() > self.limit_s
+
+    def ok(self, what: str) -> bool:
+        if self.passed():
+            self.skipped.append({"what": what, "at_s": round(self.elapsed(), 1)})
+            return False
+        return True
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def autocast(device: torch.device):
+    return torch.autocast(device.type, dtype=torch.bfloat16)
+
+
+def timed(fn, device: torch.device) -> float:
+    sync(device)
+    start = time.perf_counter()
+    fn()
+    sync(device)
+    return time.perf_counter() - start
+
+
+def alternate(fns: dict, device: torch.device, warmup: int, repeats: int, guard: Guard) -> dict[str, list[float]]:
+    """Warm-up, then ``repeats`` rounds timing every fn once per round (stopping early once the guard has passed)."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times = {k: [] for k in fns}
+    for r in range(repeats):
+        if r and guard.passed():
+            break
+        for name, fn in fns.items():
+            times[name].append(timed(fn, device))
+    return times
+
+
+def flash_status() -> dict:
+    try:
+        import flash_attn
+    except Exception as e:  # ImportError, or a build that does not match this torch / GPU
+        return {"available": False, "reason": f"{type(e).__name__}: {e}".strip()[:300]}
+    return {"available": True, "version": getattr(flash_attn, "__version__", "?")}
+
+
+def forwards(model, impl: str, batches: list[torch.Tensor], device: torch.device):
+    """A function running ``model`` (attention ``impl``) on each batch, no grad, bf16 autocast."""
+    def run():
+        model.set_attn_impl(impl)
+        with torch.no_grad(), autocast(device):
+            for ids in batches:
+                model(ids)
+    return run
+
+
+def profiling_run(model, batches: list[torch.Tensor], sites: tuple[str, ...], device: torch.device):
+    """A function profiling ``sites`` over the batches under bf16 autocast (profile itself runs eager attention)."""
+    def run():
+        model.set_attn_impl("eager")
+        with autocast(device):
+            profile(model, batches, sites=sites, progress=False)
+    return run
+
+
+# -- 1. throughput ------------------------------------------------------------------------------------------------
+
+def throughput(plan: Plan, device: torch.device, guard: Guard, flash: dict) -> tuple[list[dict], list[dict]]:
+    rows, skipped = [], []
+    for preset, (batch, seq_len) in plan.shapes.items():
+        models = {a: build_model(ModelConfig.preset(preset, arch=a), seed=0).to(device).eval() for a in ARCHS}
+        params = {a: num_params(m) for a, m in models.items()}
+        ids = torch.randint(0, models["diff"].config.vocab_size, (batch, seq_len), device=device)
+        for impl in plan.impls:
+            if impl == "flash" and not flash["available"]:
+                skipped.append({"preset": preset, "impl": impl,
+                                "reason": f"flash-attn not importable: {flash['reason']}"})
+                continue
+            if not guard.ok(f"throughput {preset} {impl}"):
+                continue
+            try:
+                fns = {a: forwards(m, impl, [ids] * plan.inner, device) for a, m in models.items()}
+                times = alternate(fns, device, plan.warmup, plan.repeats, guard)
+            except Exception as e:  # e.g. a flash-attn build that rejects this head width
+                skipped.append({"preset": preset, "impl": impl, "reason": f"{type(e).__name__}: {e}"[:300]})
+                continue
+            tok_s = {a: batch * seq_len * plan.inner / statistics.median(t) for a, t in times.items()}
+            rows.append({"preset": preset, "impl": impl, "batch": batch, "seq_len": seq_len, "params": params,
+                         "repeats": len(times["diff"]), "seconds": {a: statistics.median(t) for a, t in times.items()},
+                         "tokens_per_s": tok_s, "ratio_diff_over_transformer": tok_s["diff"] / tok_s["transformer"]})
+        del models
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return rows, skipped
+
+
+# -- 2. profiling overhead ----------------------------------------------------------------------------------------
+
+def profiling(plan: Plan, device: torch.device, guard: Guard) -> list[dict]:
+    rows = []
+    for preset, tokens in plan.profile_tokens.items():
+        if not guard.ok(f"profiling {preset}"):
+            continue
+        model = build_model(ModelConfig.preset(preset, arch="diff"), seed=0).to(device).eval()
+        seq_len = model.config.max_seq_len
+        gen = torch.Generator().manual_seed(0)
+        batches = [b.to(device) for b in token_batches(torch.randint(0, model.config.vocab_size, (tokens,),
+                                                                     generator=gen), seq_len, plan.profile_batch)]
+        n_tokens = sum(b.numel() for b in batches)
+
+        fns = {"plain_eager": forwards(model, "eager", batches, device),
+               "plain_sdpa": forwards(model, "sdpa", batches, device),
+               "hidden": profiling_run(model, batches, ("hidden",), device),
+               "hidden_logits": profiling_run(model, batches, ("hidden", "attn_logits"), device)}
+        times = alternate(fns, device, 1, plan.profile_repeats, guard)
+        med = {k: statistics.median(v) for k, v in times.items()}
+        rows.append({"preset": preset, "arch": "diff", "tokens": n_tokens, "batch": plan.profile_batch,
+                     "seq_len": seq_len, "repeats": len(times["hidden"]), "seconds": med,
+                     "ratio_to_eager": {k: med[k] / med["plain_eager"] for k in ("hidden", "hidden_logits",
+                                                                                  "plain_sdpa")},
+                     "tokens_per_s": {k: n_tokens / v for k, v in med.items()}})
+        del model
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return rows
+
+
+# -- 3. GPTQ on stories260K ---------------------------------------------------------------------------------------
+
+def perplexity(model, x: torch.Tensor, y: torch.Tensor, device: torch.device, bf16: bool) -> float:
+    """exp(mean next-token cross-entropy) over the windows, in batches of 16 (as bench_gptq.perplexity)."""
+    with torch.no_grad(), autocast(device) if bf16 else nullcontext():
+        nll = torch.cat([F.cross_entropy(model(xb.to(device)).double().flatten(0, 1), yb.to(device).flatten(),
+                                         reduction="none") for xb, yb in zip(x.split(16), y.split(16))])
+    return float(torch.exp(nll.mean()))
+
+
+def gptq(plan: Plan, device: torch.device, guard: Guard) -> dict | None:
+    if not guard.ok("gptq stories260K"):
+        return None
+    model = load_checkpoint(stories260k_path(), device=device).eval()
+    ids = bench_gptq.cased_ids()
+    (n_eval, t_eval), (n_calib, t_calib) = plan.eval, plan.calib
+    x, y = (w[:n_eval, :t_eval] for w in bench_gptq.eval_windows(ids))
+    calib = bench_gptq.calib_windows(model, ids, "train", 0)[:n_calib, :t_calib]
+    ppl = lambda m, bf16: perplexity(m, x, y, device, bf16)  # noqa: E731
+    out = {"model": "stories260K", "eval": f"{n_eval}x{t_eval} tinystories-cased",
+           "calib": f"{n_calib}x{t_calib} train split, seed 0", "fp32_ppl": ppl(model, False),
+           "bf16_ppl": ppl(model, True), "rows": []}
+    for row in plan.gptq_rows:
+        if not guard.ok(f"gptq {row}"):
+            continue
+        wq = WeightQuant(**{"method": "gptq", "bits": 4, **bench_gptq.ROWS[row]})
+        sync(device)
+        start = time.perf_counter()
+        q = quantize_model(model, QuantConfig(weights=wq), calib=calib)
+        sync(device)
+        seconds = time.perf_counter() - start
+        out["rows"].append({"row": row, "weights": wq.to_dict(), "seconds": seconds, "fp32_ppl": ppl(q, False),
+                            "bf16_ppl": ppl(q, True)})
+        del q
+    return out
+
+
+# -- outputs ------------------------------------------------------------------------------------------------------
+
+def markdown(summary: dict) -> str:
+    lines = [f"# Issue 16 on {summary['device_name']} (bf16 autocast)", "",
+             f"torch {summary['torch']}; flash-attn: "
+             + (summary["flash_attn"].get("version", "") if summary["flash_attn"]["available"]
+                else "not available"), "", "## Diff ÷ Transformer forward throughput (matched parameters)", "",
+             "| preset | impl | batch × seq | params T / D | Transformer tok/s | Diff tok/s | Diff ÷ Transformer |",
+             "|---|---|---|---|---|---|---|"]
+    for r in summary["throughput"]:
+        p, t = r["params"], r["tokens_per_s"]
+        lines.append(f"| {r['preset']} | {r['impl']} | {r['batch']} × {r['seq_len']} | {p['transformer']:,} / "
+                     f"{p['diff']:,} | {t['transformer']:,.0f} | {t['diff']:,.0f} | "
+                     f"**{r['ratio_diff_over_transformer']:.3f}** |")
+    for s in summary["throughput_skipped"]:
+        lines.append(f"| {s['preset']} | {s['impl']} | skipped: {s['reason']} | | | | |")
+    lines += ["", "## Profiling overhead (Diff; ratios to a plain eager forward over the same batches)", "",
+              "| preset | tokens | eager tok/s | hidden ÷ eager | hidden + logits ÷ eager | sdpa ÷ eager | "
+              "profiling tok/s (hidden + logits) |", "|---|---|---|---|---|---|---|"]
+    for r in summary["profiling"]:
+        q, t = r["ratio_to_eager"], r["tokens_per_s"]
+        lines.append(f"| {r['preset']} | {r['tokens']:,} | {t['plain_eager']:,.0f} | {q['hidden']:.2f} | "
+                     f"**{q['hidden_logits']:.2f}** | {q['plain_sdpa']:.2f} | {t['hidden_logits']:,.0f} |")
+    g = summary["gptq"]
+    lines += ["", "## 4-bit per channel on stories260K", ""]
+    if g is None:
+        lines.append("Skipped by the time guard.")
+    else:
+        lines += [f"Eval {g['eval']}, calibration {g['calib']}.", "",
+                  "| row | ppl fp32 | ppl bf16 | quantize time (s) |", "|---|---|---|---|",
+                  f"| float | {g['fp32_ppl']:.4f} | {g['bf16_ppl']:.4f} | |"]
+        lines += [f"| {r['row']} | {r['fp32_ppl']:.4f} | {r['bf16_ppl']:.4f} | {r['seconds']:.2f} |" for r in g["rows"]]
+    if summary["skipped_by_time_guard"]:
+        lines += ["", "Skipped by the time guard: " + ", ".join(s["what"] for s in summary["skipped_by_time_guard"])]
+    lines += ["", f"Total {summary['times_s']['total']:.1f} s."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True, help="folder for perf_gpu.json and perf_gpu.md")
+    parser.add_argument("--dry-run", action="store_true", help="toy sizes on the CPU (what CI runs)")
+    parser.add_argument("--time-limit", type=float, default=None, help="seconds (default: 240, dry run 120)")
+    args = parser.parse_args(argv)
+    plan = DRY if args.dry_run else FULL
+    if args.time_limit is not None:
+        plan = dataclasses.replace(plan, time_limit_s=args.time_limit)
+    if plan.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(NO_CUDA)
+    device = torch.device(plan.device)
+    guard = Guard(plan.time_limit_s)
+    torch.manual_seed(0)
+    flash = flash_status()
+    times = {}
+    start = time.perf_counter()
+    tp, tp_skipped = throughput(plan, device, guard, flash)
+    times["throughput"] = time.perf_counter() - start
+    prof = profiling(plan, device, guard)
+    times["profiling"] = time.perf_counter() - start - times["throughput"]
+    gq = gptq(plan, device, guard)
+    times["gptq"] = time.perf_counter() - start - times["throughput"] - times["profiling"]
+    times["total"] = guard.elapsed()
+    summary = {
+        "benchmark": "issue 16 on the GPU: Diff/Transformer throughput, profiling overhead, GPTQ on stories260K",
+        "dry_run": args.dry_run, "device": device.type,
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        "torch": torch.__version__, "cuda": torch.version.cuda, "flash_attn": flash, "dtype": "bf16 autocast",
+        "plan": {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(plan).items()},
+        "throughput": tp, "throughput_skipped": tp_skipped, "profiling": prof, "gptq": gq,
+        "skipped_by_time_guard": guard.skipped, "times_s": times,
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "perf_gpu.json").write_text(json.dumps(summary, indent=2, default=float) + "\n")
+    (out / "perf_gpu.md").write_text(markdown(summary))
+    print(markdown(summary), flush=True)
+    return summary
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""The GPU performance script's CPU dry run: the same code path at toy sizes (the real run needs a GPU)."""
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPT = Path(__file__).resolve().parent.parent / "experiments" / "gpu" / "perf_gpu.py"
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("perf_gpu", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the script loads
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def script():
+    return load_script()
+
+
+def finite_positive(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+
+def test_dry_run_writes_the_three_measurements(script, tmp_path):
+    summary = script.main(["--dry-run", "--out", str(tmp_path)])
+    data = json.loads((tmp_path / "perf_gpu.json").read_text())
+    assert data["device"] == "cpu" and data["dry_run"] and data["skipped_by_time_guard"] == []
+    assert data["times_s"] == pytest.approx(summary["times_s"])
+
+    assert [r["impl"] for r in data["throughput"]][:1] == ["sdpa"]
+    for r in data["throughput"]:
+        assert set(r["tokens_per_s"]) == {"transformer", "diff"}
+        assert all(finite_positive(v) for v in r["tokens_per_s"].values())
+        assert finite_positive(r["ratio_diff_over_transformer"])
+    if not data["flash_attn"]["available"]:
+        assert any(s["impl"] == "flash" for s in data["throughput_skipped"])
+
+    (prof,) = data["profiling"]
+    assert set(prof["ratio_to_eager"]) >= {"hidden", "hidden_logits"}
+    assert all(finite_positive(v) for v in [*prof["ratio_to_eager"].values(), *prof["tokens_per_s"].values()])
+
+    gptq = data["gptq"]
+    assert finite_positive(gptq["fp32_ppl"]) and finite_positive(gptq["bf16_ppl"])
+    assert {r["row"] for r in gptq["rows"]} == {"rtn", "gptq-full"}
+    for r in gptq["rows"]:
+        assert all(finite_positive(r[k]) for k in ("fp32_ppl", "bf16_ppl", "seconds"))
+
+    md = (tmp_path / "perf_gpu.md").read_text()
+    assert "Diff ÷ Transformer" in md and "hidden + logits" in md and "gptq-full" in md
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the message is for machines without CUDA")
+def test_without_cuda_and_without_dry_run_it_exits_with_one_line(script, tmp_path):
+    with pytest.raises(SystemExit) as exit_info:
+        script.main(["--out", str(tmp_path)])
+    message = str(exit_info.value.code)
+    assert "CUDA" in message and "--dry-run" in message and "\n" not in message
+    assert not any(tmp_path.iterdir())
