@@ -129,7 +129,7 @@ def _split_long(requests: Sequence[Request], max_len: int) -> tuple[list[Request
 
 def _merge_pieces(scores: list, owners: list[int], n: int) -> list[dict]:
     out = [{"ll": 0.0, "greedy": True, "tokens": 0} for _ in range(n)]
-    for k, s in zip(owners, scores):
+    for k, s in zip(owners, scores, strict=True):
         out[k] = {"ll": out[k]["ll"] + s["ll"], "greedy": out[k]["greedy"] and s["greedy"],
                   "tokens": out[k]["tokens"] + s["tokens"]}
     return out
@@ -200,9 +200,9 @@ def score_multiple_choice(model, tokenizer, items: Sequence[Item], batch_size: i
             owners.append(k)
     scores = score_requests(model, requests, batch_size, progress=progress, desc=items[0].task)
     lls: list[list[float]] = [[] for _ in items]
-    for k, s in zip(owners, scores):
+    for k, s in zip(owners, scores, strict=True):
         lls[k].append(s["ll"])
-    records = [_mc_record(item, ll) for item, ll in zip(items, lls)]
+    records = [_mc_record(item, ll) for item, ll in zip(items, lls, strict=True)]
     return {"n": len(records), "acc": _mean(r["correct"] for r in records),
             "acc_norm": _mean(r["correct_norm"] for r in records), "items": records}
 
@@ -225,7 +225,7 @@ def score_lambada(model, tokenizer, items: Sequence[Item], batch_size: int = 8, 
     requests = [encode_pair(tokenizer, *item.requests()[0], bos) for item in items]
     scores = score_requests(model, requests, batch_size, progress=progress, desc=items[0].task)
     records = [{"id": item.id, "gold": 0, "correct": s["greedy"], "ll": s["ll"], "tokens": s["tokens"]}
-               for item, s in zip(items, scores)]
+               for item, s in zip(items, scores, strict=True)]
     mean_ll = _mean(r["ll"] for r in records)
     return {"n": len(records), "acc": _mean(r["correct"] for r in records), "perplexity": math.exp(-mean_ll),
             "items": records}

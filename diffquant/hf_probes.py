@@ -261,7 +261,7 @@ class HFProbed(nn.Module):
     def _attached(self) -> Iterator[None]:
         with ExitStack() as stack:
             layers = decoder_layers(self.hf)
-            for layer, probes in zip(layers, self.layers):
+            for layer, probes in zip(layers, self.layers, strict=True):
                 handle = layer.register_forward_hook(_hidden_hook(probes.out))
                 stack.callback(handle.remove)
             if self.impl == "eager" and self.with_logits:
@@ -274,7 +274,7 @@ class HFProbed(nn.Module):
         if any(a is None for a in attns):
             raise ValueError(f"cannot find the attention modules of {type(self.hf).__name__}")
         two_calls = {a for a in attns if self.config.model_type == "diffllama"}
-        run = _Run({a: p.attn.logits for a, p in zip(attns, self.layers)}, two_calls, self.chunk)
+        run = _Run({a: p.attn.logits for a, p in zip(attns, self.layers, strict=True)}, two_calls, self.chunk)
         previous = self.hf.config._attn_implementation
         self.hf.set_attn_implementation(ATTN_IMPL)
         token = _RUN.set(run)

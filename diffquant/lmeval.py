@@ -230,7 +230,7 @@ def _build(TemplateLM):
             pairs = [req.args for req in requests]
             encoded = [(pair, *encode_pair(self.tok, pair[0], pair[1], bos=self.bos)) for pair in pairs]
             results = self._loglikelihood_tokens(encoded, disable_tqdm=disable_tqdm)
-            for pair, result in zip(pairs, results):
+            for pair, result in zip(pairs, results, strict=True):
                 self.cache_hook.add_partial("loglikelihood", pair, result)
             return results
 
@@ -245,9 +245,9 @@ def _build(TemplateLM):
             scores = score_requests(self.model, flat, self.batch_size, self.max_length, progress=not disable_tqdm,
                                     desc="loglikelihood_rolling") if flat else []
             totals = [0.0] * len(requests)
-            for k, s in zip(owners, scores):
+            for k, s in zip(owners, scores, strict=True):
                 totals[k] += s["ll"]
-            for req, total in zip(requests, totals):
+            for req, total in zip(requests, totals, strict=True):
                 self.cache_hook.add_partial("loglikelihood_rolling", (req.args[0],), total)
             return totals
 

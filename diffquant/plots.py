@@ -13,7 +13,6 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 from .io import atomic_path  # noqa: E402
 from .tables import SITE_NAMES  # noqa: E402
 
-
 ARCH_COLORS = {"transformer": "tab:blue", "diff": "tab:red", "gated": "tab:green", "clipped": "tab:purple"}
 
 
@@ -37,7 +36,7 @@ def plot_layers(records: dict[str, dict], path: str | Path) -> Path:
     """Per layer: Top-1 (solid), Top-10 (dashed) and median (dotted) of |x|, log scale, one panel per site."""
     sites = _sites(records)
     fig, axes = plt.subplots(1, len(sites), figsize=(5.5 * len(sites), 4), squeeze=False)
-    for ax, kind in zip(axes[0], sites):
+    for ax, kind in zip(axes[0], sites, strict=True):
         for i, (label, rec) in enumerate(records.items()):
             rows = [(r["layer"], r[kind]) for r in rec["layers"] if kind in r]
             if not rows:
@@ -58,7 +57,7 @@ def plot_histograms(records: dict[str, dict], path: str | Path) -> Path:
     """Share of |x| values per octave [2^e, 2^(e+1)), log-log, one panel per site."""
     sites = _sites(records)
     fig, axes = plt.subplots(1, len(sites), figsize=(5.5 * len(sites), 4), squeeze=False)
-    for ax, kind in zip(axes[0], sites):
+    for ax, kind in zip(axes[0], sites, strict=True):
         for i, (label, rec) in enumerate(records.items()):
             hist = rec["sites"].get(kind, {}).get("log2_histogram")
             if not hist or not hist["counts"]:
@@ -79,7 +78,7 @@ def plot_over_training(series: dict[str, list[dict]], path: str | Path) -> Path:
     """
     sites = list(dict.fromkeys(k for recs in series.values() for rec in recs for k in rec["sites"]))
     fig, axes = plt.subplots(1, len(sites), figsize=(5.5 * len(sites), 4), squeeze=False)
-    for ax, kind in zip(axes[0], sites):
+    for ax, kind in zip(axes[0], sites, strict=True):
         for i, (label, recs) in enumerate(series.items()):
             recs = sorted((r for r in recs if r.get("train_tokens") is not None and kind in r["sites"]),
                           key=lambda r: r["train_tokens"])
@@ -110,7 +109,7 @@ def plot_tracked(logs: dict[str, dict], path: str | Path) -> Path:
     for label, pts in curves.items():
         arch = label.split()[0]
         style = "-" if label == arch else "--"
-        for ax, col in zip(axes[:2], (1, 2)):
+        for ax, col in zip(axes[:2], (1, 2), strict=True):
             ax.plot([p[0] for p in pts], [p[col] for p in pts], style, color=ARCH_COLORS.get(arch), label=label, lw=1.2)
     base = {p[0]: p for p in curves.get("transformer", [])}
     for label, pts in curves.items():
@@ -123,7 +122,7 @@ def plot_tracked(logs: dict[str, dict], path: str | Path) -> Path:
     axes[2].axhline(1.0, color="grey", lw=0.8)
     titles = ("attention-logit top-1 (max over layers)", "hidden-state top-1 (max over layers)",
               "Transformer / other, top-1")
-    for ax, title in zip(axes, titles):
+    for ax, title in zip(axes, titles, strict=True):
         ax.set(yscale="log", xlabel="training tokens", title=title)
         ax.legend(fontsize=7)
     return _save(fig, path)

@@ -222,7 +222,7 @@ def _assemble(model: nn.Module, prof: _Profiler, pooled, n_locations: int, label
 def _summary(res: dict, calls: list[tuple[int, int]], kind: str, ids, n_locations: int) -> dict:
     out = {k: v for k, v in res.items() if k not in ("top_coords", "top_tags", "top_calls")}
     out["table5"] = {f"top{r}": (res["top"][r - 1] if len(res["top"]) >= r else None) for r in TABLE5_RANKS}
-    tops = zip(res["top"], res["top_coords"], res["top_tags"], res["top_calls"])
+    tops = zip(res["top"], res["top_coords"], res["top_tags"], res["top_calls"], strict=True)
     out["locations"] = [_locate(kind, v, coords, tag, calls[call], ids) for v, coords, tag, call in
                         list(tops)[:n_locations]]
     return out

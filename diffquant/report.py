@@ -595,7 +595,7 @@ def plot_degradation(records: Sequence[dict], path: str | os.PathLike, metrics: 
     ncols = min(3, len(panels))
     nrows = math.ceil(len(panels) / ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(4.8 * ncols, 3.6 * nrows + 0.6), squeeze=False)
-    for ax, (scheme, task, metric) in zip(axes.flat, panels):
+    for ax, (scheme, task, metric) in zip(list(axes.flat)[:len(panels)], panels, strict=True):
         mine = [c for c in cells if (c.scheme, c.task, c.metric) == (scheme, task, metric)]
         columns = _bits_columns(c.bits for c in mine)
         here = list(dict.fromkeys(c.checkpoint for c in mine))
@@ -641,7 +641,7 @@ def _plot_model(ax, cells: Sequence[Cell], columns: list[int], i: int, base_inte
     ys = [scale * c.value for c in pts]
     base = by_bits.get(BASELINE_BITS)
     lower, upper = [], []
-    for c, y in zip(pts, ys):
+    for c, y in zip(pts, ys, strict=True):
         if c.bits == BASELINE_BITS and base_interval is not None:  # the 16-bit value's own interval
             lower.append(max(0.0, y - scale * base_interval[0]))
             upper.append(max(0.0, scale * base_interval[1] - y))

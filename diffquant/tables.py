@@ -60,10 +60,10 @@ def ratio_table(base: dict, other: dict, base_label: str = "Transformer", other_
         name = SITE_NAMES.get(kind, kind)
         rows.append([name, base_label, *a])
         rows.append([name, other_label, *b])
-        rows.append([name, f"{base_label}/{other_label}", *[_ratio(x, y) for x, y in zip(a, b)]])
+        rows.append([name, f"{base_label}/{other_label}", *[_ratio(x, y) for x, y in zip(a, b, strict=True)]])
         if paper and ("transformer", kind) in PAPER_TABLE5:
             pa, pb = PAPER_TABLE5[("transformer", kind)], PAPER_TABLE5[("diff", kind)]
-            rows.append([name, "paper 3B ratio", *[_ratio(x, y) for x, y in zip(pa, pb)]])
+            rows.append([name, "paper 3B ratio", *[_ratio(x, y) for x, y in zip(pa, pb, strict=True)]])
     return render(["site", "model", *HEADER], rows, fmt)
 
 

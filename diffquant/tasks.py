@@ -53,7 +53,7 @@ class Item:
     def requests(self) -> list[tuple[str, str]]:
         """(context, continuation) per choice."""
         ctxs = self.contexts if len(self.contexts) > 1 else self.contexts * len(self.choices)
-        return [(c, self.delimiter + ch) for c, ch in zip(ctxs, self.choices)]
+        return [(c, self.delimiter + ch) for c, ch in zip(ctxs, self.choices, strict=True)]
 
 
 @dataclass(frozen=True)

@@ -120,7 +120,7 @@ def run_gptqmodel(model, calibs: dict, x, y, threads: int) -> list[dict]:
 def perplexity(model, x: torch.Tensor, y: torch.Tensor) -> float:
     with torch.no_grad():
         nll = torch.cat([F.cross_entropy(model(xb).double().flatten(0, 1), yb.flatten(), reduction="none")
-                         for xb, yb in zip(x.split(16), y.split(16))])
+                         for xb, yb in zip(x.split(16), y.split(16), strict=True)])
     return float(torch.exp(nll.mean()))
 
 

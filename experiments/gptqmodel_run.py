@@ -18,7 +18,7 @@ import torch.nn.functional as F
 def perplexity(model, x, y) -> float:
     with torch.inference_mode():
         nll = torch.cat([F.cross_entropy(model(input_ids=xb).logits.double().flatten(0, 1), yb.flatten(),
-                                         reduction="none") for xb, yb in zip(x.split(16), y.split(16))])
+                                         reduction="none") for xb, yb in zip(x.split(16), y.split(16), strict=True)])
     return float(torch.exp(nll.mean()))
 
 

@@ -22,7 +22,7 @@ def test_round_trip_is_bit_exact(saved):
     model, path = saved
     loaded = load_checkpoint(path)
     assert loaded.config == model.config
-    for (n1, t1), (n2, t2) in zip(model.state_dict().items(), loaded.state_dict().items()):
+    for (n1, t1), (n2, t2) in zip(model.state_dict().items(), loaded.state_dict().items(), strict=True):
         assert n1 == n2 and torch.equal(t1, t2)
     ids = torch.randint(0, model.config.vocab_size, (2, 16))
     with torch.no_grad():

@@ -112,7 +112,7 @@ def test_rolling_perplexity_equals_a_naive_per_token_loop(stride, batch_size):
     # per-window sums are the naive per-token losses grouped by window
     sizes = [c for _, c in out["window_losses"]]
     bounds = np.cumsum([0, *sizes])
-    for (nll, _), a, b in zip(out["window_losses"], bounds[:-1], bounds[1:]):
+    for (nll, _), a, b in zip(out["window_losses"], bounds[:-1], bounds[1:], strict=True):
         assert math.isclose(nll, math.fsum(naive[a:b]), rel_tol=1e-9)
     json.dumps(out)
 
@@ -171,7 +171,7 @@ def test_multiple_choice_equals_a_naive_loop(lm8k, tok, task, fixture):
     items = load_task(task, path=FIXTURES / fixture)
     out = score_multiple_choice(lm8k, tok, items, batch_size=3, progress=False)
     correct, correct_norm = [], []
-    for item, rec in zip(items, out["items"]):
+    for item, rec in zip(items, out["items"], strict=True):
         lls = []
         for context, continuation in item.requests():
             ctx, cont = encode_pair(tok, context, continuation)
@@ -196,7 +196,7 @@ def test_lambada_equals_a_naive_loop_with_left_truncation(tok):
     items = load_task("lambada", path=FIXTURES / "lambada_small.jsonl")
     out = score_lambada(model, tok, items, batch_size=2, progress=False)
     lls = []
-    for item, rec in zip(items, out["items"]):
+    for item, rec in zip(items, out["items"], strict=True):
         ctx, cont = encode_pair(tok, *item.requests()[0])
         assert len(ctx) + len(cont) > 33
         keep = (ctx + cont)[-33:]
@@ -239,7 +239,7 @@ def test_batching_does_not_change_scores_nor_the_models_mode(lm8k, tok):
     finally:
         lm8k.eval()
     b = score_multiple_choice(lm8k, tok, items, batch_size=5, progress=False)
-    for ra, rb in zip(a["items"], b["items"]):
+    for ra, rb in zip(a["items"], b["items"], strict=True):
         np.testing.assert_allclose(ra["ll"], rb["ll"], rtol=1e-10)
     assert not lm8k.training and all(p.grad is None for p in lm8k.parameters())
 

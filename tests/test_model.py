@@ -257,7 +257,7 @@ def test_flash_matches_eager_on_gpu(arch):
 
 def test_seeded_builds_are_identical(tiny):
     a, b = build_model(tiny, seed=3), build_model(tiny, seed=3)
-    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
 
 
 @pytest.mark.parametrize("impl", ["eager", "sdpa"])

@@ -62,7 +62,7 @@ def test_masked_logits_never_count(model):
         with torch.no_grad():
             planted = [model(ids) for ids in data]
     assert max(report.sites["attn_logits"]["top"]) < 1e5
-    assert all(torch.equal(a, b) for a, b in zip(base, planted))
+    assert all(torch.equal(a, b) for a, b in zip(base, planted, strict=True))
 
 
 def test_profiling_leaves_outputs_and_settings_unchanged(model):
@@ -73,7 +73,7 @@ def test_profiling_leaves_outputs_and_settings_unchanged(model):
     profile(model, data, chunk=5, progress=False)
     with torch.no_grad():
         after = [model(ids) for ids in data]
-    assert all(torch.equal(a, b) for a, b in zip(before, after))
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
     assert all(block.attn.impl == "sdpa" and block.attn.chunk is None for block in model.layers)
 
 

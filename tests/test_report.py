@@ -108,7 +108,7 @@ def _markdown_tables(text):
             if header is None:
                 header = cells
             else:
-                tables[heading].append(dict(zip(header, cells)))
+                tables[heading].append(dict(zip(header, cells, strict=True)))
     return tables
 
 
@@ -393,3 +393,16 @@ def test_cli_pair_flag(tmp_path, capsys):
         assert main(["report", str(FIXTURE), "--pair", bad]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and message in err
+
+
+def test_plot_with_fewer_panels_than_grid_cells(records, tmp_path):
+    """Panels that do not fill the last row of the 3-wide grid: the spare axes are hidden, nothing raises."""
+    from diffquant.report import PRIMARY_METRIC, degradation_rows, plot_degradation
+
+    def panels(recs):
+        return {(c.scheme, c.task) for c in degradation_rows(recs) if c.metric == PRIMARY_METRIC[c.kind]}
+
+    tasks = sorted({r["task"] for r in records})
+    subsets = ([r for r in records if r["task"] in tasks[:n]] for n in range(1, len(tasks) + 1))
+    keep = next(sub for sub in subsets if len(panels(sub)) > 3 and len(panels(sub)) % 3)  # a 3-wide, ragged grid
+    assert plot_degradation(keep, tmp_path / "f.png").stat().st_size > 0

@@ -418,7 +418,7 @@ def test_log2_histogram_counts_each_octave(dtype):
     a = x.abs().double()
     assert h["zero"] == 7 and sum(h["counts"]) + h["zero"] == x.numel()
     ref = torch.floor(torch.log2(a[a > 0]))
-    for e, c in zip(h["exponents"], h["counts"]):
+    for e, c in zip(h["exponents"], h["counts"], strict=True):
         assert c == int((ref == e).sum())
 
 

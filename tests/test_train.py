@@ -164,7 +164,7 @@ def test_tracked_outliers_equal_profile_on_the_same_batch(tmp_path, shakespeare_
     model = tr.load_state(tmp_path / "run", "cpu")[0]
     batch = eval_windows(val_ids, 32, 2048)[:4, :-1]
     report = profile(model, [batch], sites=("attn_logits", "hidden"), topk=10, progress=False)
-    for layer, point in zip(report.data["layers"], points[-1]["layers"]):
+    for layer, point in zip(report.data["layers"], points[-1]["layers"], strict=True):
         for site in ("attn_logits", "hidden"):
             assert point[site]["top1"] == layer[site]["top"][0]
             assert point[site]["top10"] == layer[site]["top"][9]

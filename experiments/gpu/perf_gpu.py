@@ -220,7 +220,7 @@ def perplexity(model, x: torch.Tensor, y: torch.Tensor, device: torch.device, bf
     """exp(mean next-token cross-entropy) over the windows, in batches of 16 (as bench_gptq.perplexity)."""
     with torch.no_grad(), autocast(device) if bf16 else nullcontext():
         nll = torch.cat([F.cross_entropy(model(xb.to(device)).double().flatten(0, 1), yb.to(device).flatten(),
-                                         reduction="none") for xb, yb in zip(x.split(16), y.split(16))])
+                                         reduction="none") for xb, yb in zip(x.split(16), y.split(16), strict=True)])
     return float(torch.exp(nll.mean()))
 
 

@@ -131,7 +131,8 @@ def ratios(records: list[dict]) -> str:
 def plot_lr(records: list[dict], teacher: dict, path: Path) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     for ax, key, title in zip(axes, ("val_loss", "logit_top1", "hidden_top1"),
-                              ("validation loss (real TinyStories)", "attention-logit top-1", "hidden-state top-1")):
+                              ("validation loss (real TinyStories)", "attention-logit top-1", "hidden-state top-1"),
+                              strict=True):
         for arch, (color, style) in ARCH_STYLE.items():
             rs = [r for r in records if r["arch"] == arch]
             lrs = sorted({r["lr"] for r in rs})
@@ -156,7 +157,8 @@ def plot_emergence(records: list[dict], path: Path) -> None:
     lrs = sorted({r["lr"] for r in records})
     shades = {lr: 0.35 + 0.65 * i / max(1, len(lrs) - 1) for i, lr in enumerate(lrs)}
     for ax, key, title in zip(axes, ("logit_top1", "hidden_top1"),
-                              ("attention-logit top-1 (max over layers)", "hidden-state top-1 (max over layers)")):
+                              ("attention-logit top-1 (max over layers)", "hidden-state top-1 (max over layers)"),
+                              strict=True):
         for r in sorted(records, key=lambda r: (r["arch"], r["lr"], r["seed"])):
             color, style = ARCH_STYLE[r["arch"]]
             pts = [p for p in r["emergence"] if p[key] is not None]
