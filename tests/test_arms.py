@@ -8,7 +8,7 @@ from diffquant import ModelConfig, build_model, hooked, load_checkpoint, num_par
 from diffquant.model import KVCache
 
 from .conftest import tiny_config
-from .test_model import randomize_
+from .helpers import randomize_
 
 ARMS = ["gated", "clipped"]
 

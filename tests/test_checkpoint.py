@@ -8,7 +8,7 @@ from diffquant import CheckpointError, build_model, load_checkpoint, save_checkp
 from diffquant.checkpoint import read_metadata
 
 from .conftest import tiny_config
-from .test_model import randomize_
+from .helpers import randomize_
 
 
 @pytest.fixture

@@ -33,7 +33,7 @@ from diffquant.tasks import load_task
 from diffquant.tokenizer import default_tokenizer
 
 from .conftest import tiny_config
-from .test_model import randomize_
+from .helpers import randomize_
 
 FIXTURES = calib_dir() / "eval" / "fixtures"
 

@@ -18,7 +18,7 @@ from diffquant.gguf import load_gguf, read_vocab, stories260k_path, stories260k_
 from diffquant.tokenizer import Tokenizer
 
 from .conftest import tiny_config
-from .test_model import randomize_
+from .helpers import randomize_
 
 # The sample documented for stories260K (greedy from BOS), up to the end of its second sentence.
 DOCUMENTED_SAMPLE = "Once upon a time, there was a little girl named Lily. She loved to play outside in the park."

@@ -19,7 +19,7 @@ from diffquant.hf import SIDECAR_FILE, from_hf_model, save_hf, to_hf_model, to_h
 from diffquant.tokenizer import default_tokenizer, tokenizer_for
 
 from .conftest import tiny_config
-from .test_model import randomize_
+from .helpers import randomize_, randomize_hf_
 
 ARCH_KV = [("transformer", None), ("transformer", 2), ("diff", None), ("diff", 2)]  # kv 2: GQA in both
 
@@ -34,14 +34,6 @@ def max_logit_gap(model, hf, T=24):
     with torch.no_grad():
         a, b = model(ids), hf(ids).logits
     return (a - b).abs().max().item(), a.abs().max().item()
-
-
-def randomize_hf_(model):
-    """Non-trivial HF weights: norms around 1, everything else (λ vectors included) 0.3·N(0, 1)."""
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_(1 + 0.5 * torch.randn_like(p) if "norm" in name else 0.3 * torch.randn_like(p))
-    return model.eval()
 
 
 def hf_native(model_type, tie=False):

@@ -29,8 +29,7 @@ from diffquant.profile import profile, token_batches
 from diffquant.tokenizer import default_tokenizer_path, tokenizer_for
 
 from .conftest import tiny_config
-from .test_hf import randomize_hf_
-from .test_model import randomize_
+from .helpers import randomize_, randomize_hf_
 
 V, T = 97, 20
 _COMMON = dict(vocab_size=V, num_hidden_layers=2, max_position_embeddings=64)

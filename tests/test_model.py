@@ -9,6 +9,7 @@ from diffquant import build_model, hooked, probes
 from diffquant.errors import UserError
 
 from .conftest import tiny_config
+from .helpers import randomize_
 
 # -- an independent reference: loops over heads, complex-number RoPE, written from the paper ---------------
 
@@ -77,19 +78,6 @@ def ref_lm(p, cfg, ids):
         x = x + (gate * torch.sigmoid(gate) * up) @ p[pre + "mlp.down_proj.weight"].T
     x = ref_rmsnorm(x, p["norm.weight"], cfg.norm_eps)
     return x @ p["head.weight"].T
-
-
-def randomize_(model):
-    """Non-trivial values everywhere the init leaves constants: norm weights, λ vectors (large enough)."""
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight") or "subln" in name:
-                param.copy_(1 + 0.5 * torch.randn_like(param))
-            elif "lambda_" in name:
-                param.copy_(0.3 * torch.randn_like(param))
-            else:
-                param.copy_(0.3 * torch.randn_like(param))
-    return model
 
 
 @pytest.mark.parametrize("arch", ["transformer", "diff", "gated", "clipped"])

@@ -8,7 +8,7 @@ from diffquant.profile import OutlierReport, profile, token_batches
 from diffquant.tables import outlier_table, ratio_table
 
 from .conftest import tiny_config
-from .test_model import randomize_
+from .helpers import randomize_
 
 
 @pytest.fixture

@@ -322,7 +322,7 @@ def make_fixture(out: Path = FIXTURE) -> None:
     import diffquant as dq
 
     from .conftest import tiny_config
-    from .test_model import randomize_
+    from .helpers import randomize_
 
     out = out.resolve()
     out.unlink(missing_ok=True)

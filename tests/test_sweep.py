@@ -22,7 +22,7 @@ from diffquant.tasks import load_task
 from diffquant.tokenizer import tokenizer_for
 
 from .conftest import tiny_config
-from .test_model import randomize_
+from .helpers import randomize_
 
 FIXTURES = calib_dir() / "eval" / "fixtures"
 LAMBADA = f"lambada:{FIXTURES / 'lambada_small.jsonl'}"

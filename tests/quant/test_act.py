@@ -20,7 +20,7 @@ from diffquant.quant import (
     quantize_model,
 )
 from tests.conftest import tiny_config
-from tests.test_model import randomize_
+from tests.helpers import randomize_
 
 
 def reference_absmax(x: torch.Tensor, bits: int, keep_dims: int, mask: torch.Tensor | None = None) -> torch.Tensor:

@@ -21,7 +21,7 @@ from diffquant.quant import (
     quantize_model,
 )
 from tests.conftest import tiny_config
-from tests.test_model import randomize_
+from tests.helpers import randomize_
 
 FULL = QuantConfig(weights=WeightQuant("gptq", bits=4, group_size=16, act_order=True), logits=ActQuant(4),
                    probs=ActQuant(8), qk=ActQuant(8, "head"), hidden=ActQuant(8), activations=ActQuant(8, "token"))

@@ -11,7 +11,7 @@ from diffquant.quant import QuantConfig, QuantLinear, WeightQuant, gptq_codes, q
 from diffquant.quant import gptq as gptq_module
 from diffquant.quant.numerics import code_range, dequantize
 from tests.conftest import tiny_config
-from tests.test_model import randomize_
+from tests.helpers import randomize_
 
 
 def naive_gptq(W, H, bits, group_size=None, symmetric=True, act_order=False, damp=0.01):

@@ -11,8 +11,8 @@ from diffquant.quant import QuantConfig, QuantLinear, WeightQuant, gptq_codes, q
 from diffquant.quant import gptq as gptq_module
 from diffquant.quant.numerics import dequantize
 from tests.conftest import tiny_config
+from tests.helpers import randomize_
 from tests.quant.test_gptq import correlated_inputs, hessian
-from tests.test_model import randomize_
 
 
 def naive_full_grid_gptq(W, H, bits, group_size=None, act_order=False, damp=0.01):

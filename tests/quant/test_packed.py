@@ -18,7 +18,7 @@ from diffquant.quant import (
     save_quantized,
 )
 from tests.conftest import tiny_config
-from tests.test_model import randomize_
+from tests.helpers import randomize_
 
 CONFIGS = {
     "rtn4-g16": QuantConfig(weights=WeightQuant("rtn", bits=4, group_size=16)),

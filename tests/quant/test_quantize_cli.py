@@ -11,7 +11,7 @@ from diffquant import build_model, save_checkpoint
 from diffquant.cli import main
 from diffquant.quant import QuantLinear, QuantProbe, load_quantized
 from tests.conftest import tiny_config
-from tests.test_model import randomize_
+from tests.helpers import randomize_
 
 
 @pytest.fixture
