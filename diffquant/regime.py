@@ -261,3 +261,24 @@ def plot_trend(table5: dict[str, dict], results: list[dict], path: Path) -> None
                 series.setdefault(f"{r['preset']}-s{r['seed']} {arch}", []).append(table5[r["pair"]][arch])
     if series:
         plot_over_training(series, path)
+
+
+# ------------------------------------------------------------------------------------------------ outputs
+
+def sweep_path(out: Path, pair: dict) -> Path:
+    """Where a pair's Figure-8 records live under an output folder (``out/table5/PAIR.json`` holds its profile)."""
+    return Path(out) / "figure8" / f"{pair['pair']}.jsonl"
+
+
+def write_outputs(out: Path, results: list[dict], table5: dict[str, dict], note: str = "") -> None:
+    """Every verdict file from the records: pairs.json, seeds.json, gate.md (with where the top values sit),
+    seeds.md, table5.md, figure8.md (from ``sweep_path``) and trend.png; ``note`` heads each markdown file."""
+    out = Path(out)
+    summary = over_seeds(results)
+    atomic_write_text(out / "pairs.json", json.dumps(results, indent=1))
+    atomic_write_text(out / "seeds.json", json.dumps(summary, indent=1))
+    atomic_write_text(out / "gate.md", note + gate_table(results) + "\n\n" + sites_table(results) + "\n")
+    atomic_write_text(out / "seeds.md", note + seeds_table(summary) + "\n")
+    atomic_write_text(out / "table5.md", note + table5_text(table5) + "\n")
+    atomic_write_text(out / "figure8.md", note + figure8_text(results, lambda r: sweep_path(out, r)) + "\n")
+    plot_trend(table5, results, out / "trend.png")

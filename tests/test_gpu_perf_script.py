@@ -1,28 +1,20 @@
 """The GPU performance script's CPU dry run: the same code path at toy sizes (the real run needs a GPU)."""
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from .helpers import load_script
+
 SCRIPT = Path(__file__).resolve().parent.parent / "experiments" / "gpu" / "perf_gpu.py"
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("perf_gpu", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the script loads
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
 def script():
-    return load_script()
+    return load_script(SCRIPT)
 
 
 def finite_positive(x) -> bool:

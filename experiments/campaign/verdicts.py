@@ -24,21 +24,8 @@ from pathlib import Path
 
 from diffquant.config import ARCHS
 from diffquant.corpus import heldout_ids
-from diffquant.io import atomic_write_text
 from diffquant.plots import plot_tracked
-from diffquant.regime import (
-    figure8_text,
-    gate_table,
-    over_seeds,
-    plot_trend,
-    profile_pair,
-    seeds_table,
-    sites_table,
-    sweep_pair,
-    table5_text,
-    tokens_label,
-    verdict,
-)
+from diffquant.regime import profile_pair, sweep_pair, sweep_path, tokens_label, verdict, write_outputs
 from diffquant.tokenizer import Tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -104,14 +91,7 @@ def main() -> None:
         table5[pair["pair"]] = known
         records = sweep_pair(pair, sweep_path(out, pair), tasks, batch_size=BATCH)
         results.append(verdict(pair, known, records))
-    summary = over_seeds(results)
-    atomic_write_text(out / "pairs.json", json.dumps(results, indent=1))
-    atomic_write_text(out / "seeds.json", json.dumps(summary, indent=1))
-    atomic_write_text(out / "gate.md", gate_table(results) + "\n\n" + sites_table(results) + "\n")
-    atomic_write_text(out / "seeds.md", seeds_table(summary) + "\n")
-    atomic_write_text(out / "table5.md", table5_text(table5) + "\n")
-    atomic_write_text(out / "figure8.md", figure8_text(results, lambda r: sweep_path(out, r)) + "\n")
-    plot_trend(table5, results, out / "trend.png")
+    write_outputs(out, results, table5)
     if logs := long_logs():
         plot_tracked(logs, out / "long-emergence.png")
     for pair in pairs:  # the emergence curves of pairs with the gated / clipped arms
@@ -128,10 +108,6 @@ def long_logs() -> dict[str, dict]:
         arch, step = f.parent.name.split("-", 1)
         logs[f"{arch} cooled from {step}"] = json.loads(f.read_text())
     return logs
-
-
-def sweep_path(out: Path, pair: dict) -> Path:
-    return out / "figure8" / f"{pair['pair']}.jsonl"
 
 
 if __name__ == "__main__":

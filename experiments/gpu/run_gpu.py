@@ -27,7 +27,7 @@ Steps (each phase has a deadline; the script stops gracefully and evaluates what
    top-1 ≥ 100 and 4-bit per-sequence logits at least doubling its TinyStories perplexity.
 4. **Outputs** under ``--out``: ``pairs.json`` (every pair's numbers), ``gate.md``, ``table5.md``, ``figure8.md``,
    ``seeds.md`` (per-seed Transformer/Diff ratios and 4-bit degradation differences, two-sided sign tests, the
-   trend over budgets and sizes), ``trend.png`` and ``summary.json`` (plan, timings, throughput, what the guard
+   trend over budgets and sizes; ``seeds.json`` the same as records), ``trend.png`` and ``summary.json`` (plan, timings, throughput, what the guard
    skipped).
 
 Granularities: issue 13's three — "tensor" (one scale per sequence; both Diff maps share it), "head" (per
@@ -76,19 +76,7 @@ from diffquant.config import ModelConfig
 from diffquant.corpus import heldout_ids, load_corpus
 from diffquant.gguf import stories260k_path
 from diffquant.io import atomic_write_text
-from diffquant.regime import (
-    figure8_text,
-    gate_table,
-    over_seeds,
-    plot_trend,
-    profile_pair,
-    seeds_table,
-    sites_table,
-    sweep_pair,
-    table5_text,
-    tokens_label,
-    verdict,
-)
+from diffquant.regime import profile_pair, sweep_pair, sweep_path, tokens_label, verdict, write_outputs
 from diffquant.sample import sample_corpus
 from diffquant.tokenizer import Tokenizer
 from diffquant.train import TrainConfig, TrainingDiverged, train
@@ -405,10 +393,6 @@ def evaluation_order(pairs: list[dict]) -> list[dict]:
     return first + sorted((p for p in pairs if p not in first), key=lambda p: -p["tokens"])
 
 
-def sweep_path(ctx: Context, pair: dict) -> Path:
-    return ctx.out / "figure8" / f"{pair['pair']}.jsonl"
-
-
 def evaluate_all(ctx: Context, pairs: list[dict]) -> tuple[list[dict], dict]:
     """Verdicts of the pairs the evaluation deadline allows; also every pair's Table-5 records."""
     results, table5 = [], {}
@@ -421,24 +405,13 @@ def evaluate_all(ctx: Context, pairs: list[dict]) -> tuple[list[dict], dict]:
         plan = ctx.plan
         table5[pair["pair"]] = profile_pair(pair, ctx.data.val, plan.seq_len, plan.eval_batch, plan.profile_tokens,
                                             plan.device, out=ctx.out / "table5" / f"{pair['pair']}.json")
-        records = sweep_pair(pair, sweep_path(ctx, pair), plan.sweep_limits, plan.eval_batch, plan.device)
+        records = sweep_pair(pair, sweep_path(ctx.out, pair), plan.sweep_limits, plan.eval_batch, plan.device)
         results.append(verdict(pair, table5[pair["pair"]], records))
         ctx.eval_seconds[pair["preset"]] = time.perf_counter() - start
     return results, table5
 
 
 # ------------------------------------------------------------------------------------------------ 4. outputs
-
-def write_outputs(ctx: Context, results: list[dict], table5: dict) -> None:
-    out = ctx.out
-    atomic_write_text(out / "pairs.json", json.dumps(results, indent=1))
-    note = "" if results else "No pair was evaluated (see summary.json: what the time guard skipped).\n"
-    atomic_write_text(out / "gate.md", note + gate_table(results) + "\n\n" + sites_table(results) + "\n")
-    atomic_write_text(out / "seeds.md", note + seeds_table(over_seeds(results)) + "\n")
-    atomic_write_text(out / "table5.md", note + table5_text(table5) + "\n")
-    atomic_write_text(out / "figure8.md", note + figure8_text(results, lambda r: sweep_path(ctx, r)) + "\n")
-    plot_trend(table5, results, out / "trend.png")
-
 
 def device_name(plan: Plan) -> str:
     return torch.cuda.get_device_name() if plan.device == "cuda" else "cpu"
@@ -463,7 +436,8 @@ def run(plan: Plan, out: Path) -> dict:
     pairs = train_all(ctx)
     times["train"] = round(ctx.clock.elapsed() - times["corpus"], 1)
     results, table5 = evaluate_all(ctx, pairs)
-    write_outputs(ctx, results, table5)
+    note = "" if results else "No pair was evaluated (see summary.json: what the time guard skipped).\n"
+    write_outputs(out, results, table5, note)
     times["evaluate"] = round(ctx.clock.elapsed() - times["corpus"] - times["train"], 1)
     times["total"] = round(ctx.clock.elapsed(), 1)
     record = summary(ctx, times, manifest, pairs, results)

@@ -11,20 +11,13 @@ from diffquant.quant import QuantConfig, QuantLinear, WeightQuant, gptq_codes, q
 from diffquant.quant import gptq as gptq_module
 from diffquant.quant.numerics import code_range, dequantize
 from tests.conftest import tiny_config
-from tests.helpers import randomize_
+from tests.helpers import correlated_inputs, gptq_reference_start, hessian, randomize_
 
 
 def naive_gptq(W, H, bits, group_size=None, symmetric=True, act_order=False, damp=0.01):
     """Column by column with the explicit inverse Hessian and its Schur-complement downdate (float64)."""
-    W, H = W.double().clone(), H.double().clone()
+    W, Hinv, order = gptq_reference_start(W, H, act_order, damp)
     rows, cols = W.shape
-    dead = torch.diag(H) == 0
-    H[dead, dead] = 1
-    W[:, dead] = 0
-    order = torch.argsort(torch.diag(H), descending=True, stable=True) if act_order else torch.arange(cols)
-    H += damp * torch.diag(H).mean() * torch.eye(cols, dtype=H.dtype)
-    Hinv = torch.linalg.inv(H)[order][:, order]
-    W = W[:, order]
     qmin, qmax = code_range(bits, symmetric)
     gs = group_size or cols
     params, codes = {}, torch.zeros(rows, cols, dtype=torch.float64)
@@ -47,16 +40,6 @@ def naive_gptq(W, H, bits, group_size=None, symmetric=True, act_order=False, dam
         W[:, i + 1:] -= err[:, None] * Hinv[i, i + 1:][None, :]
         Hinv = Hinv - torch.outer(Hinv[:, i], Hinv[i, :]) / Hinv[i, i]
     return codes[:, torch.argsort(order)]
-
-
-def correlated_inputs(n, d, rank=4, noise=0.05):
-    """Inputs living mostly in a few directions with very different scales: where GPTQ beats RTN."""
-    basis = torch.randn(rank, d, dtype=torch.float64) * torch.logspace(1, -1, rank, dtype=torch.float64)[:, None]
-    return torch.randn(n, rank, dtype=torch.float64) @ basis + noise * torch.randn(n, d, dtype=torch.float64)
-
-
-def hessian(X):
-    return 2 * X.T @ X / X.shape[0]
 
 
 @pytest.mark.parametrize("group_size, symmetric, act_order", [(None, True, False), (8, True, False),

@@ -11,23 +11,15 @@ from diffquant.quant import QuantConfig, QuantLinear, WeightQuant, gptq_codes, q
 from diffquant.quant import gptq as gptq_module
 from diffquant.quant.numerics import dequantize
 from tests.conftest import tiny_config
-from tests.helpers import randomize_
-from tests.quant.test_gptq import correlated_inputs, hessian
+from tests.helpers import correlated_inputs, gptq_reference_start, hessian, randomize_
 
 
 def naive_full_grid_gptq(W, H, bits, group_size=None, act_order=False, damp=0.01):
     """GPTQ on the grid {-2**(b-1), ..., 2**(b-1)-1}·s, s = 2·amax/(2**b-1): column by column, explicit inverse
     Hessian with its Schur-complement downdate, float64. Returns codes in 0..2**b-1 (zero point 2**(b-1)) and
     the ratios w/s that were rounded."""
-    W, H = W.double().clone(), H.double().clone()
+    W, Hinv, order = gptq_reference_start(W, H, act_order, damp)
     rows, cols = W.shape
-    dead = torch.diag(H) == 0
-    H[dead, dead] = 1
-    W[:, dead] = 0
-    order = torch.argsort(torch.diag(H), descending=True, stable=True) if act_order else torch.arange(cols)
-    H += damp * torch.diag(H).mean() * torch.eye(cols, dtype=H.dtype)
-    Hinv = torch.linalg.inv(H)[order][:, order]
-    W = W[:, order]
     gs, zero, top = group_size or cols, 2 ** (bits - 1), 2**bits - 1
     scales, codes, ratios = {}, torch.zeros(rows, cols, dtype=torch.float64), torch.zeros(rows, cols, dtype=W.dtype)
     for i in range(cols):
