@@ -25,10 +25,10 @@ Steps (each phase has a deadline; the script stops gracefully and evaluates what
    Figure-8 sweep of the attention logits at 16/8/6/4 bits with the three scale granularities below on
    that text and on the held-out books (``figure8/PAIR.jsonl``), and issue 13's gate per pair: Transformer logit
    top-1 ≥ 100 and 4-bit per-sequence logits at least doubling its TinyStories perplexity.
-4. **Outputs** under ``--out``: ``pairs.json`` (every pair's numbers), ``gate.md``, ``table5.md``, ``figure8.md``,
-   ``seeds.md`` (per-seed Transformer/Diff ratios and 4-bit degradation differences, two-sided sign tests, the
-   trend over budgets and sizes; ``seeds.json`` the same as records), ``trend.png`` and ``summary.json`` (plan, timings, throughput, what the guard
-   skipped).
+4. **Outputs** under ``--out`` (``diffquant.regime.write_outputs``): ``pairs.json`` (every pair's numbers),
+   ``gate.md``, ``table5.md``, ``figure8.md``, ``seeds.md`` (per-seed Transformer/Diff ratios and 4-bit
+   degradation differences, two-sided sign tests, the trend over budgets and sizes; ``seeds.json`` the same as
+   records), ``trend.png`` and ``summary.json`` (plan, timings, throughput, what the guard skipped).
 
 Granularities: issue 13's three — "tensor" (one scale per sequence; both Diff maps share it), "head" (per
 sequence and head; both maps of a Diff head share it) and "head_map" (per head and Diff map, which equals the
