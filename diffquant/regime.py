@@ -58,9 +58,9 @@ def profile_pair(pair: dict, ids: np.ndarray, seq_len: int, batch_size: int, max
                  device: str = "cpu", out: Path | None = None) -> dict[str, dict]:
     """Table-5 records of every arm on ``ids`` (global protocol, exact medians, top-100 located)."""
     records = {}
+    batches = token_batches(ids, seq_len, batch_size, max_tokens)  # the same windows for every arm
     for arch, path in pair["checkpoints"].items():
         model = load_checkpoint(path, device=device)
-        batches = token_batches(ids, seq_len, batch_size, max_tokens)
         report = profile(model, batches, label=f"{pair['pair']}-{arch}", exact_median=True, n_locations=LOCATED,
                          progress=False)
         records[arch] = {**report.data, "train_tokens": pair["tokens"]}
