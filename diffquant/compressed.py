@@ -1,0 +1,185 @@
+"""Quantized models as compressed-tensors HF folders (the llm-compressor / vLLM format transformers loads).
+
+The folder is the float HF conversion of :mod:`diffquant.hf` (Llama or DiffLlama, same config, tokenizer and
+row permutations) in which each quantized block Linear stores, instead of ``weight``, what compressed-tensors'
+``pack-quantized`` compressor writes (compressed_tensors/compressors/pack_quantized):
+
+* ``weight_packed`` int32 [out, ceil(in·bits/32)]: signed codes q in [-2**(b-1), 2**(b-1)-1] offset by
+  2**(b-1) and packed densely, element i at bits i·b … i·b+b-1 of a little-endian bit stream (32 elements per
+  ``bits`` words, words may be split);
+* ``weight_scale`` [out, n_groups] (strategy "channel": n_groups = 1, "group": in / group_size);
+* ``weight_shape`` int64 [2]; for asymmetric weights also ``weight_zero_point``, signed like q and packed
+  along the output dimension. The runtime computes ``W = (q - zero_point) · scale``.
+
+Our codes are written as they are (``q = code - 2**(b-1)`` for unsigned codes, whose zero point moves by the
+same offset, so ``q - zp = code - zero``): nothing is re-rounded, and scales are kept in their stored dtype.
+``quantization_config`` in config.json names the scheme per bit width / group size (one config group each).
+
+Diff's head-norm weight is folded into o_proj's columns in DiffLlama, which a per-row/per-group scale cannot
+absorb: a quantized out_proj is written dense (its dequantized weights, folded) and listed in ``ignore``,
+unless the norm weight is all ones.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+
+from .checkpoint import WEIGHTS_FILE, CheckpointError
+from .exports import IntWeight, block_int_weights, check_weight_only, dequantized_copy, exactly_in
+from .hf import ARCHITECTURES, SIDECAR_FILE, _row_maps, save_hf
+from .io import atomic_dir, read_json_file, write_safetensors
+from .model import LM
+
+log = logging.getLogger(__name__)
+
+__all__ = ["FORMAT", "pack_int32", "quantization_config", "save_compressed"]
+
+FORMAT = "pack-quantized"
+CT_VERSION = "0.20.1"  # the compressed-tensors release whose format this follows (its config "version")
+_HF_LINEAR = {"attn.q_proj": "self_attn.q_proj", "attn.k_proj": "self_attn.k_proj", "attn.v_proj": "self_attn.v_proj",
+              "attn.out_proj": "self_attn.o_proj", "mlp.gate_proj": "mlp.gate_proj", "mlp.up_proj": "mlp.up_proj",
+              "mlp.down_proj": "mlp.down_proj"}
+
+
+def hf_linear_name(ours: str) -> str:
+    """``layers.3.attn.out_proj`` -> ``model.layers.3.self_attn.o_proj``."""
+    _, index, rest = ours.split(".", 2)
+    return f"model.layers.{index}.{_HF_LINEAR[rest]}"
+
+
+def pack_int32(q: np.ndarray, bits: int) -> np.ndarray:
+    """compressed-tensors' ``pack_to_int32`` (packed_dim=1) of signed codes q [rows, cols]."""
+    rows, cols = q.shape
+    u = (q.astype(np.int64) + (1 << (bits - 1))).astype(np.uint32)
+    padded = -(-cols // 32) * 32
+    u = np.pad(u, ((0, 0), (0, padded - cols)))
+    stream = ((u[..., None] >> np.arange(bits, dtype=np.uint32)) & 1).astype(np.uint8)  # (rows, padded, bits)
+    words = np.packbits(stream.reshape(rows, padded * bits), axis=1, bitorder="little").view("<i4")
+    return np.ascontiguousarray(words[:, :math.ceil(cols * bits / 32)])
+
+
+def _module_tensors(w: IntWeight, order: torch.Tensor | None, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """weight_packed / weight_scale / weight_shape (/ weight_zero_point) of one Linear, rows in HF order."""
+    offset, zero = 1 << (w.bits - 1), w.constant_zero()
+    codes, scale = w.codes, w.scale
+    zero_t = None if w.zero is None or zero == offset else w.zero
+    if order is not None:
+        codes, scale = codes[order], scale[order]
+        zero_t = None if zero_t is None else zero_t[order]
+    q = codes if w.zero is None else codes - offset  # unsigned codes -> signed, zero point moved alike
+    out = {"weight_packed": torch.from_numpy(pack_int32(q.numpy(), w.bits)),
+           "weight_scale": scale.to(dtype).contiguous(), "weight_shape": torch.tensor(tuple(w.codes.shape))}
+    if zero_t is not None:
+        out["weight_zero_point"] = torch.from_numpy(pack_int32((zero_t - offset).T.numpy(), w.bits).T.copy())
+    return out
+
+
+def _args(w: IntWeight, symmetric: bool) -> dict:
+    return {"num_bits": w.bits, "type": "int", "symmetric": symmetric, "group_size": w.group_size,
+            "strategy": "channel" if w.group_size is None else "group", "dynamic": False, "actorder": None,
+            "block_structure": None, "observer": "minmax", "observer_kwargs": {}}
+
+
+def quantization_config(schemes: dict[str, dict], ignore: list[str]) -> dict:
+    """config.json's ``quantization_config``: one group per weight scheme, targets by HF module name."""
+    groups = {f"group_{i}": {"targets": sorted(names), "weights": args, "input_activations": None,
+                             "output_activations": None, "format": FORMAT}
+              for i, (args, names) in enumerate(_grouped(schemes))}
+    return {"quant_method": "compressed-tensors", "version": CT_VERSION, "format": FORMAT,
+            "quantization_status": "compressed", "config_groups": groups, "ignore": sorted(ignore),
+            "kv_cache_scheme": None, "global_compression_ratio": None, "sparsity_config": {}, "transform_config": {}}
+
+
+def _grouped(schemes: dict[str, dict]) -> list[tuple[dict, list[str]]]:
+    groups: list[tuple[dict, list[str]]] = []
+    for name, args in sorted(schemes.items()):
+        for known, names in groups:
+            if known == args:
+                names.append(name)
+                break
+        else:
+            groups.append((args, [name]))
+    return groups
+
+
+def save_compressed(model: LM, path: str | Path, tokenizer=None, overwrite: bool = False,
+                    dtype: torch.dtype | None = None) -> Path:
+    """Write the quantized ``model`` (RTN / GPTQ weights) as a compressed-tensors HF folder, atomically.
+
+    Unquantized tensors (and any quantized embedding or head, dequantized) are float as in ``save_hf``;
+    ``dtype`` casts them and the scales (refused when a scale would change).
+    """
+    cfg = model.config
+    check_weight_only(model, "compressed-tensors")
+    ints = block_int_weights(model)
+    if not ints:
+        raise CheckpointError("the model has no RTN / GPTQ quantized Linear layers to export")
+    dtype = dtype or next(iter(ints.values())).scale.dtype
+    for name, w in ints.items():
+        if not exactly_in(w.scale, dtype):
+            raise CheckpointError(f"{name}'s scales are not exactly representable in {dtype} "
+                                  "(export in float32, or quantize with --dtype float16)")
+    float_model = dequantized_copy(model)
+    dense = _dense_in_hf(cfg, float_model, ints)
+    rows = _row_maps(cfg)
+    quantized, schemes = {}, {}
+    for name, w in ints.items():
+        if name in dense:
+            continue
+        hf_name = hf_linear_name(name)
+        order = rows.get(name.rsplit(".", 1)[1])
+        for key, t in _module_tensors(w, order, dtype).items():
+            quantized[f"{hf_name}.{key}"] = t
+        schemes[hf_name] = _args(w, symmetric=w.constant_zero() in (0, 1 << (w.bits - 1)))
+    ignore = ["lm_head"] + [hf_linear_name(n) for n in dense]
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise CheckpointError(f"{path} exists and is not a folder")
+    if path.is_dir() and any(path.iterdir()) and not overwrite:
+        raise CheckpointError(f"{path} is not empty; pass overwrite=True to replace it")
+    with atomic_dir(path) as tmp:
+        tensors = _float_hf_into(tmp, float_model, tokenizer, dtype)
+        kept = {k: v for k, v in tensors.items() if k.removesuffix(".weight") not in schemes}
+        write_safetensors({**kept, **quantized}, tmp / WEIGHTS_FILE, metadata={"format": "pt"})
+        _add_quantization_config(tmp, quantization_config(schemes, ignore))
+    log.info("saved %s as compressed-tensors %s (%d quantized Linear layers, %d dense)", path,
+             ARCHITECTURES[cfg.arch][1], len(schemes), len(dense))
+    return path
+
+
+def _float_hf_into(folder: Path, float_model: LM, tokenizer, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """``save_hf``'s files of the float model in ``folder`` (config, tokenizer); returns its HF tensors.
+
+    The sidecar (exact originals for diffquant's way back from a float folder) is dropped: diffquant does not
+    read quantized HF folders back.
+    """
+    scratch = folder / "float"
+    save_hf(float_model, scratch, tokenizer=tokenizer, dtype=dtype)
+    tensors = load_file(str(scratch / WEIGHTS_FILE))
+    for item in scratch.iterdir():
+        if item.name not in (WEIGHTS_FILE, SIDECAR_FILE):
+            item.rename(folder / item.name)
+    shutil.rmtree(scratch)
+    return tensors
+
+
+def _dense_in_hf(cfg, float_model: LM, ints: dict[str, IntWeight]) -> list[str]:
+    """Quantized Linears DiffLlama must hold dense: out_proj where a non-trivial head-norm weight is folded in."""
+    if cfg.arch != "diff":
+        return []
+    return [name for name in ints if name.endswith("attn.out_proj") and not bool(
+        (float_model.get_submodule(name.rsplit(".", 1)[0]).subln.weight == 1).all())]
+
+
+def _add_quantization_config(folder: Path, qconfig: dict) -> None:
+    config = read_json_file(folder / "config.json")
+    config["quantization_config"] = qconfig
+    (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
