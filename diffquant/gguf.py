@@ -1,11 +1,11 @@
-"""Load a Llama-architecture GGUF file (F32 / F16 tensors) into an ``LM``, e.g. the shipped stories260K.
+"""Load a Llama-architecture GGUF file (F32 / F16; Q8_0 / Q4_0 dequantized) into an ``LM``, e.g. stories260K.
 
 Read with the ``gguf`` package (transformers' GGUF loader fails on stories260K: "Padding_idx must be within
 num_embeddings"). The config comes from the ``llama.*`` metadata and the tensor shapes; names map as in
 :data:`_GLOBAL_NAMES` / :data:`_LAYER_NAMES`. No RoPE permutation is needed: llama.cpp's LLAMA rope rotates
 interleaved pairs (x[2i], x[2i+1]) like our model (convert_hf_to_gguf permutes HF's rotate-half q/k weights
 into that layout, llama2.c trains in it), which the greedy sample test confirms. Anything else (another
-architecture, quantized tensors, rope scaling, partial rotary, biases, MoE) raises ``CheckpointError``.
+architecture, other quantized tensor types, rope scaling, partial rotary, biases, MoE) raises ``CheckpointError``.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ _LAYER_NAMES = {
     "attn_norm": "attn_norm", "ffn_norm": "mlp_norm",
 }
 _FLOAT_TYPES = ("F32", "F16")
+_BLOCK_TYPES = ("Q8_0", "Q4_0")  # dequantized on load by llama.cpp's numerics (ggml_blocks)
 
 
 def stories260k_path() -> Path:
@@ -105,10 +106,15 @@ def _tensors(path: Path, reader) -> dict[str, torch.Tensor]:
     out = {}
     for t in reader.tensors:
         kind = t.tensor_type.name
-        if kind not in _FLOAT_TYPES:
-            raise CheckpointError(f"{path}: tensor {t.name} is {kind}; only F32 and F16 GGUF files are supported")
+        if kind not in _FLOAT_TYPES + _BLOCK_TYPES:
+            raise CheckpointError(f"{path}: tensor {t.name} is {kind}; only F32, F16, Q8_0 and Q4_0 tensors are "
+                                  "supported")
         shape = tuple(int(n) for n in reversed(t.shape))  # GGUF lists dims innermost first: reverse to (out, in)
         data = np.asarray(t.data)
+        if kind in _BLOCK_TYPES:
+            from .ggml_blocks import dequantize
+
+            data = dequantize(data, kind)
         if data.size != int(np.prod(shape)):
             raise CheckpointError(f"{path}: tensor {t.name} holds {data.size} values, not the {shape} it declares")
         tensor = torch.from_numpy(data.reshape(shape).astype(np.float32))  # a copy: the file stays closed

@@ -173,7 +173,7 @@ def _gguf_tensors(model) -> dict[str, np.ndarray]:
     return {k: v.detach().numpy().copy() for k, v in out.items()}
 
 
-def _write(path, model, arch="llama", dtype=np.float32, kv=None, tensors=None, quantize=(), eps=True):
+def _write(path, model, arch="llama", dtype=np.float32, kv=None, tensors=None, quantize=(), eps=True, qtype="Q8_0"):
     """A GGUF file for ``model`` as llama.cpp lays it out; ``kv`` adds metadata, ``tensors`` replaces tensors."""
     cfg = model.config
     w = gguf.GGUFWriter(str(path), arch)
@@ -191,7 +191,7 @@ def _write(path, model, arch="llama", dtype=np.float32, kv=None, tensors=None, q
         getattr(w, key)(value)
     for name, t in {**_gguf_tensors(model), **(tensors or {})}.items():
         if name in quantize:
-            qt = gguf.GGMLQuantizationType.Q8_0
+            qt = gguf.GGMLQuantizationType[qtype]
             w.add_tensor(name, gguf.quants.quantize(t, qt), raw_dtype=qt)
         else:
             w.add_tensor(name, t.astype(dtype))
@@ -234,7 +234,7 @@ def _refused(path) -> str:
 
 @pytest.mark.parametrize("why, write_kwargs, expected", [
     ("architecture", dict(arch="gpt2"), "architecture 'gpt2'"),
-    ("quantized", dict(quantize=("blk.0.ffn_up.weight",)), "Q8_0"),
+    ("quantized", dict(quantize=("blk.0.ffn_up.weight",), qtype="Q4_1"), "Q4_1"),
     ("rope scaling", dict(kv={"add_rope_scaling_type": gguf.RopeScalingType.LINEAR,
                               "add_rope_scaling_factor": 4.0}), "rope scaling"),
     ("partial rotary", dict(kv={"add_rope_dimension_count": 4}), "partial rotary"),

@@ -1,0 +1,174 @@
+"""llama.cpp's perplexity on our GGUF exports of stories260K against ours, on the same token windows.
+
+    experiments/llamacpp/setup.sh                       # builds llama-cpp-python into experiments/llamacpp/.venv
+    OMP_NUM_THREADS=1 python experiments/llamacpp/compare.py [--windows 16] [--window 256]
+
+Files (written to --work, default a temporary folder), all Llama GGUF files from ``diffquant.gguf_export``:
+
+* ``f32``: the float model; ``q8_0-llamacpp`` / ``q4_0-llamacpp``: rounded by llama.cpp's own block quantizer
+  (gguf.quants, the port of quantize_row_q*_ref);
+* ``q8_0-rtn`` (RTN int8, group 32), ``q4_0-rtn`` (RTN int4 absmax ±7, group 32), ``q4_0-gptq`` (GPTQ int4,
+  full grid, group 32): our codes and float16 scales written exactly (the packed checkpoint ``diffquant
+  quantize`` would write, read back).
+
+The quantized set is the same everywhere: the block Linear layers whose rows split into blocks of 32 (ffn_down,
+172 columns, stays float in all of them, as llama.cpp's converter leaves it unquantized too). "ours" is
+diffquant's perplexity (float64 cross-entropy) of the model each file describes — the quantized model itself
+for our codes, the file's dequantized weights for llama.cpp's rounding; "llama.cpp" is llama-cpp-python
+evaluating the file. Each window (W+1 tokens of the cased TinyStories sample, contiguous) starts from an empty
+cache and scores W targets. Results: experiments/results/llamacpp.{md,json}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from diffquant.checkpoint import load_checkpoint
+from diffquant.data import encode_documents, load_documents
+from diffquant.gguf import stories260k_path, stories260k_tokenizer_path
+from diffquant.gguf_export import save_gguf
+from diffquant.io import dump_json
+from diffquant.quant import QuantConfig, WeightQuant, quantize, save_quantized
+from diffquant.quant.api import default_filter
+from diffquant.tokenizer import Tokenizer
+from diffquant.train import split_tokens
+
+HERE = Path(__file__).resolve().parent
+VENV_PYTHON = HERE / ".venv" / "bin" / "python"
+RESULTS = HERE.parent / "results"
+OURS = {  # name -> (gguf type, weight scheme)
+    "q8_0-rtn": ("q8_0", WeightQuant("rtn", bits=8, group_size=32)),
+    "q4_0-rtn": ("q4_0", WeightQuant("rtn", bits=4, group_size=32)),
+    "q4_0-gptq": ("q4_0", WeightQuant("gptq", bits=4, group_size=32)),
+}
+CALIB_WINDOWS, CALIB_LEN = 64, 256
+
+
+def blocks_of_32(name: str, module) -> bool:
+    """The block Linears llama.cpp can block-quantize (rows a multiple of 32 columns)."""
+    return default_filter(name, module) and module.in_features % 32 == 0
+
+
+def eval_windows(tokenizer: Tokenizer, n: int, window: int) -> torch.Tensor:
+    ids = torch.from_numpy(encode_documents(tokenizer, load_documents("tinystories-cased")).astype(np.int64))
+    if len(ids) < n * window + 1:
+        raise SystemExit(f"the sample holds {len(ids)} tokens, fewer than {n} windows of {window}")
+    return torch.stack([ids[i * window: i * window + window + 1] for i in range(n)])  # (N, W+1)
+
+
+def our_perplexity(model, windows: torch.Tensor) -> dict:
+    with torch.inference_mode():
+        logits = model(windows[:, :-1]).double()  # (N, W, V)
+        nll = float(F.cross_entropy(logits.flatten(0, 1), windows[:, 1:].flatten(), reduction="sum"))
+    tokens = windows[:, 1:].numel()
+    return {"nll": nll, "tokens": tokens, "perplexity": math.exp(nll / tokens)}
+
+
+def calibration(tokenizer: Tokenizer, seed: int = 0) -> torch.Tensor:
+    """GPTQ calibration windows from the calib train split (as ``diffquant quantize`` draws them)."""
+    ids, _ = split_tokens("train", tokenizer=tokenizer)
+    starts = np.random.default_rng(seed).integers(0, len(ids) - CALIB_LEN, CALIB_WINDOWS)
+    return torch.from_numpy(np.stack([ids[s:s + CALIB_LEN] for s in starts]).astype(np.int64))
+
+
+def our_quantized(model, wq: WeightQuant, calib, folder: Path):
+    """The quantized model as a packed checkpoint stores it (float16 scales), read back."""
+    qmodel = quantize(model, QuantConfig(weights=wq), calib=calib if wq.method == "gptq" else None,
+                      filter_fn=blocks_of_32)
+    save_quantized(qmodel, folder, overwrite=True, dtype=torch.float16)
+    return load_checkpoint(folder)
+
+
+def build_files(work: Path, model, tokenizer: Tokenizer) -> tuple[dict[str, Path], dict[str, dict]]:
+    """Every GGUF file of the comparison, and our perplexity source for each (a model)."""
+    source = stories260k_path()
+    files, models = {}, {}
+    for name, kind in (("f32", "f32"), ("q8_0-llamacpp", "q8_0"), ("q4_0-llamacpp", "q4_0")):
+        files[name] = work / f"{name}.gguf"
+        save_gguf(model, files[name], kind, vocab_from=source, overwrite=True)
+        models[name] = load_checkpoint(files[name])  # its weights as llama.cpp reads them (dequantized)
+    calib = calibration(tokenizer)
+    for name, (kind, wq) in OURS.items():
+        models[name] = our_quantized(model, wq, calib, work / f"{name}-packed")
+        files[name] = work / f"{name}.gguf"
+        save_gguf(models[name], files[name], kind, vocab_from=source, overwrite=True)
+    return files, models
+
+
+def llamacpp_perplexities(files: dict[str, Path], windows: torch.Tensor, work: Path,
+                          python: Path = VENV_PYTHON) -> dict:
+    windows_file, out_file = work / "windows.json", work / "llamacpp.json"
+    windows_file.write_text(json.dumps({"windows": windows.tolist()}))
+    subprocess.run([str(python), str(HERE / "llamacpp_ppl.py"), str(windows_file), str(out_file),
+                    *map(str, files.values())], check=True)
+    raw = json.loads(out_file.read_text())
+    by_path = raw["models"]
+    return {"version": raw["llama_cpp_python"], "models": {n: by_path[str(p)] for n, p in files.items()}}
+
+
+def run(n_windows: int = 16, window: int = 256, work: Path | None = None, python: Path = VENV_PYTHON) -> dict:
+    torch.manual_seed(0)
+    tokenizer = Tokenizer.load(stories260k_tokenizer_path())
+    model = load_checkpoint(stories260k_path())
+    windows = eval_windows(tokenizer, n_windows, window)
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(work or tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        files, models = build_files(work, model, tokenizer)
+        start = time.perf_counter()
+        theirs = llamacpp_perplexities(files, windows, work, python)
+        llama_seconds = time.perf_counter() - start
+        rows = {name: {"file": files[name].name, "bytes": files[name].stat().st_size,
+                       "ours": our_perplexity(models[name], windows), "llama_cpp": theirs["models"][name]}
+                for name in files}
+    build = HERE / ".venv" / "build.json"
+    return {"model": "stories260K", "windows": n_windows, "window": window, "tokens": n_windows * window,
+            "data": "tinystories-cased (calib), contiguous windows from the start",
+            "llama_cpp_python": theirs["version"], "llama_cpp_seconds": round(llama_seconds, 1),
+            "build": json.loads(build.read_text()) if build.is_file() else None, "rows": rows}
+
+
+def markdown(result: dict) -> str:
+    lines = [f"# llama.cpp vs diffquant perplexity: {result['model']}", "",
+             f"{result['tokens']} tokens ({result['windows']} windows of {result['window']}, {result['data']}); "
+             f"llama-cpp-python {result['llama_cpp_python']}"
+             + (f", built from source in {result['build']['build_seconds']} s" if result["build"] else "") + ".",
+             "Quantized: the block Linears with rows of a multiple of 32 (ffn_down, 172 columns, stays float).", "",
+             "| file | codes | bytes | ppl (diffquant) | ppl (llama.cpp) | rel. diff |",
+             "|---|---|---:|---:|---:|---:|"]
+    for name, row in result["rows"].items():
+        ours, theirs = row["ours"]["perplexity"], row["llama_cpp"]["perplexity"]
+        codes = "float" if name == "f32" else ("llama.cpp rounding" if "llamacpp" in name else "ours, exact")
+        lines.append(f"| {row['file']} | {codes} | {row['bytes']:,} | {ours:.4f} | {theirs:.4f} | "
+                     f"{(theirs - ours) / ours:+.2e} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--windows", type=int, default=16)
+    p.add_argument("--window", type=int, default=256)
+    p.add_argument("--work", type=Path, default=None, help="keep the GGUF files here")
+    p.add_argument("--out", type=Path, default=RESULTS / "llamacpp")
+    args = p.parse_args(argv)
+    if not VENV_PYTHON.is_file():
+        sys.exit(f"no llama.cpp binding: run {HERE / 'setup.sh'} first")
+    result = run(args.windows, args.window, args.work)
+    dump_json(result, args.out.with_suffix(".json"))
+    args.out.with_suffix(".md").write_text(markdown(result))
+    print(markdown(result))
+
+
+if __name__ == "__main__":
+    main()

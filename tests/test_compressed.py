@@ -1,0 +1,164 @@
+"""compressed-tensors export: our RTN / GPTQ codes in the pack-quantized layout, loaded by transformers.
+
+The packing is checked against an independent bit-by-bit reference (and compressed-tensors' own unpacker when
+installed); the folder is decoded from the format description alone and must give our codes exactly; and,
+with the ``compressed-tensors`` package installed, transformers loads it and computes our logits.
+"""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from diffquant import build_model
+from diffquant.checkpoint import CheckpointError, load_checkpoint
+from diffquant.cli import main
+from diffquant.compressed import hf_linear_name, pack_int32, save_compressed
+from diffquant.exports import block_int_weights, dequantized_copy
+from diffquant.hf import _row_maps
+from diffquant.quant import ActQuant, QuantConfig, WeightQuant, quantize, save_quantized
+
+from .conftest import tiny_config
+from .helpers import randomize_
+
+SCHEMES = [  # (method, bits, group_size, symmetric, grid)
+    ("rtn", 4, None, True, "absmax"),
+    ("rtn", 4, 16, True, "absmax"),
+    ("gptq", 4, 16, True, "full"),
+    ("rtn", 8, None, True, "absmax"),
+    ("rtn", 8, 32, True, "absmax"),
+    ("rtn", 3, 16, False, None),
+]
+
+
+def _reference_unpack(words: np.ndarray, bits: int, cols: int) -> np.ndarray:
+    """Signed codes from compressed-tensors' layout: element i at bits i·b.. of a little-endian word stream."""
+    rows = words.shape[0]
+    out = np.zeros((rows, cols), dtype=np.int64)
+    u32 = words.astype(np.int64) & 0xFFFFFFFF
+    for r in range(rows):
+        for i in range(cols):
+            value = 0
+            for k in range(bits):
+                p = i * bits + k
+                value |= ((int(u32[r, p // 32]) >> (p % 32)) & 1) << k
+            out[r, i] = value - (1 << (bits - 1))
+    return out
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4, 5, 6, 7, 8])
+def test_packing_matches_a_bitwise_reference(bits):
+    rng = np.random.default_rng(bits)
+    cols = 45  # not a multiple of 32: the last words are partly padding
+    q = rng.integers(-(1 << (bits - 1)), 1 << (bits - 1), size=(3, cols))
+    words = pack_int32(q, bits)
+    assert words.dtype == np.int32 and words.shape == (3, -(-cols * bits // 32))
+    assert np.array_equal(_reference_unpack(words, bits, cols), q)
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4, 8])
+def test_packing_matches_compressed_tensors(bits):
+    helpers = pytest.importorskip("compressed_tensors.compressors.pack_quantized.helpers")
+    rng = np.random.default_rng(10 + bits)
+    q = torch.from_numpy(rng.integers(-(1 << (bits - 1)), 1 << (bits - 1), size=(5, 70))).to(torch.int8)
+    ours = torch.from_numpy(pack_int32(q.numpy(), bits))
+    assert torch.equal(ours, helpers.pack_to_int32(q, bits))
+    assert torch.equal(helpers.unpack_from_int32(ours, bits, torch.Size(q.shape)).to(torch.int8), q)
+
+
+def _quantized(arch, method, bits, group, symmetric, grid, **cfg):
+    model = randomize_(build_model(tiny_config(arch, n_kv_heads=2, **cfg))).eval()
+    wq = WeightQuant(method, bits=bits, group_size=group, symmetric=symmetric, grid=grid)
+    calib = torch.randint(0, model.config.vocab_size, (8, 16)) if method == "gptq" else None
+    return quantize(model, QuantConfig(weights=wq), calib=calib)
+
+
+def _decode(folder, hf_name, meta) -> torch.Tensor:
+    """Integer weights (q - zp) of one module, read from the folder by the format description alone."""
+    t = load_file(str(folder / "model.safetensors"))
+    bits = meta["num_bits"]
+    shape = tuple(t[f"{hf_name}.weight_shape"].tolist())
+    q = torch.from_numpy(_reference_unpack(t[f"{hf_name}.weight_packed"].numpy(), bits, shape[1]))
+    if not meta["symmetric"]:
+        zp_words = t[f"{hf_name}.weight_zero_point"].numpy().T
+        zp = torch.from_numpy(_reference_unpack(np.ascontiguousarray(zp_words), bits, shape[0]).T)
+        q = q - zp.repeat_interleave(meta["group_size"] or shape[1], dim=1)
+    return q
+
+
+@pytest.mark.parametrize("method, bits, group, symmetric, grid", SCHEMES)
+def test_folder_holds_our_codes_exactly(arch, method, bits, group, symmetric, grid, tmp_path):
+    qmodel = _quantized(arch, method, bits, group, symmetric, grid)
+    save_compressed(qmodel, tmp_path / "ct")
+    config = json.loads((tmp_path / "ct" / "config.json").read_text())["quantization_config"]
+    assert config["quant_method"] == "compressed-tensors" and config["format"] == "pack-quantized"
+    schemes = {name: g["weights"] for g in config["config_groups"].values() for name in g["targets"]}
+    tensors = load_file(str(tmp_path / "ct" / "model.safetensors"))
+    rows = _row_maps(qmodel.config)
+    for name, w in block_int_weights(qmodel).items():
+        hf = hf_linear_name(name)
+        if hf in config["ignore"]:  # Diff's o_proj: dense, folded
+            assert arch == "diff" and name.endswith("out_proj") and f"{hf}.weight" in tensors
+            continue
+        order = rows.get(name.rsplit(".", 1)[1], torch.arange(w.codes.shape[0]))
+        assert schemes[hf]["num_bits"] == bits and schemes[hf]["group_size"] == group
+        assert torch.equal(_decode(tmp_path / "ct", hf, schemes[hf]), w.signed()[order].long())
+        assert torch.equal(tensors[f"{hf}.weight_scale"], w.scale[order])
+
+
+def test_config_validates_in_compressed_tensors(tmp_path):
+    ct = pytest.importorskip("compressed_tensors.quantization")
+    save_compressed(_quantized("transformer", "rtn", 4, 16, False, None), tmp_path / "ct")
+    data = json.loads((tmp_path / "ct" / "config.json").read_text())["quantization_config"]
+    parsed = ct.QuantizationConfig.model_validate(data)
+    assert parsed.format == "pack-quantized" and parsed.quantization_status == "compressed"
+
+
+@pytest.mark.parametrize("method, bits, group, symmetric, grid", SCHEMES)
+def test_transformers_loads_the_folder_with_our_logits(arch, method, bits, group, symmetric, grid, tmp_path):
+    pytest.importorskip("compressed_tensors")
+    from transformers import AutoModelForCausalLM
+
+    qmodel = _quantized(arch, method, bits, group, symmetric, grid)
+    save_compressed(qmodel, tmp_path / "ct")
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "ct", dtype=torch.float32).eval()
+    ids = torch.randint(0, qmodel.config.vocab_size, (2, 24))
+    with torch.no_grad():
+        ours, theirs = qmodel(ids), hf(ids).logits
+    assert float((ours - theirs).abs().max() / ours.abs().max()) < 1e-5
+
+
+def test_dequantized_copy_computes_the_quantized_model():
+    qmodel = _quantized("diff", "rtn", 4, 16, True, "absmax", tie_embeddings=True)
+    ids = torch.randint(0, qmodel.config.vocab_size, (2, 12))
+    with torch.no_grad():
+        assert torch.equal(qmodel(ids), dequantized_copy(qmodel)(ids))
+
+
+def test_activation_quantizers_are_refused_in_one_line(tmp_path):
+    model = randomize_(build_model(tiny_config()))
+    qmodel = quantize(model, QuantConfig(weights=WeightQuant("rtn", bits=4), activations=ActQuant(8, "token")))
+    with pytest.raises(CheckpointError, match="quantized weights only") as info:
+        save_compressed(qmodel, tmp_path / "ct")
+    assert "\n" not in str(info.value) and not (tmp_path / "ct").exists()
+
+
+def test_float16_scales_that_would_round_are_refused(tmp_path):
+    qmodel = _quantized("transformer", "rtn", 4, None, True, "absmax")
+    with pytest.raises(CheckpointError, match="not exactly representable in torch.float16"):
+        save_compressed(qmodel, tmp_path / "ct", dtype=torch.float16)
+
+
+def test_cli_converts_a_packed_folder_instead_of_crashing(tmp_path, capsys):
+    """`convert Q --to hf` of a packed checkpoint once died with a KeyError traceback."""
+    qmodel = _quantized("transformer", "rtn", 4, 16, True, "absmax")
+    save_quantized(qmodel, tmp_path / "q", dtype=torch.float16)
+    assert main(["convert", str(tmp_path / "q"), str(tmp_path / "hf"), "--to", "hf"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["quantization"] == "compressed-tensors"
+    packed = load_checkpoint(tmp_path / "q")
+    tensors = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    scale = tensors["model.layers.0.mlp.up_proj.weight_scale"]
+    assert scale.dtype == torch.float32 and torch.equal(scale, packed.layers[0].mlp.up_proj.scale)
