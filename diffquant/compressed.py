@@ -8,11 +8,12 @@ row permutations) in which each quantized block Linear stores, instead of ``weig
   2**(b-1) and packed densely, element i at bits i·b … i·b+b-1 of a little-endian bit stream (32 elements per
   ``bits`` words, words may be split);
 * ``weight_scale`` [out, n_groups] (strategy "channel": n_groups = 1, "group": in / group_size);
-* ``weight_shape`` int64 [2]; for asymmetric weights also ``weight_zero_point``, signed like q and packed
-  along the output dimension. The runtime computes ``W = (q - zero_point) · scale``.
+* ``weight_shape`` int64 [2]. The runtime computes ``W = q · scale`` (strategy "channel" or "group").
 
-Our codes are written as they are (``q = code - 2**(b-1)`` for unsigned codes, whose zero point moves by the
-same offset, so ``q - zp = code - zero``): nothing is re-rounded, and scales are kept in their stored dtype.
+Our codes are written as they are (``q = code`` for absmax codes, ``q = code - 2**(b-1)`` for GPTQ's "full"
+grid, whose zero point is that constant): nothing is re-rounded, and scales keep their stored dtype.
+Asymmetric weights are refused: compressed-tensors 0.20 packs their zero points along the rows, but
+transformers 5.24 then expects them unpacked (a size mismatch at load).
 ``quantization_config`` in config.json names the scheme per bit width / group size (one config group each).
 
 Diff's head-norm weight is folded into o_proj's columns in DiffLlama, which a per-row/per-group scale cannot
@@ -67,23 +68,16 @@ def pack_int32(q: np.ndarray, bits: int) -> np.ndarray:
 
 
 def _module_tensors(w: IntWeight, order: torch.Tensor | None, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """weight_packed / weight_scale / weight_shape (/ weight_zero_point) of one Linear, rows in HF order."""
-    offset, zero = 1 << (w.bits - 1), w.constant_zero()
-    codes, scale = w.codes, w.scale
-    zero_t = None if w.zero is None or zero == offset else w.zero
+    """weight_packed / weight_scale / weight_shape of one (centered) Linear, rows in HF order."""
+    q, scale = w.signed(), w.scale  # code - zero: the signed integer compressed-tensors stores
     if order is not None:
-        codes, scale = codes[order], scale[order]
-        zero_t = None if zero_t is None else zero_t[order]
-    q = codes if w.zero is None else codes - offset  # unsigned codes -> signed, zero point moved alike
-    out = {"weight_packed": torch.from_numpy(pack_int32(q.numpy(), w.bits)),
-           "weight_scale": scale.to(dtype).contiguous(), "weight_shape": torch.tensor(tuple(w.codes.shape))}
-    if zero_t is not None:
-        out["weight_zero_point"] = torch.from_numpy(pack_int32((zero_t - offset).T.numpy(), w.bits).T.copy())
-    return out
+        q, scale = q[order], scale[order]
+    return {"weight_packed": torch.from_numpy(pack_int32(q.numpy(), w.bits)),
+            "weight_scale": scale.to(dtype).contiguous(), "weight_shape": torch.tensor(tuple(w.codes.shape))}
 
 
-def _args(w: IntWeight, symmetric: bool) -> dict:
-    return {"num_bits": w.bits, "type": "int", "symmetric": symmetric, "group_size": w.group_size,
+def _args(w: IntWeight) -> dict:
+    return {"num_bits": w.bits, "type": "int", "symmetric": True, "group_size": w.group_size,
             "strategy": "channel" if w.group_size is None else "group", "dynamic": False, "actorder": None,
             "block_structure": None, "observer": "minmax", "observer_kwargs": {}}
 
@@ -124,6 +118,10 @@ def save_compressed(model: LM, path: str | Path, tokenizer=None, overwrite: bool
         raise CheckpointError("the model has no RTN / GPTQ quantized Linear layers to export")
     dtype = dtype or next(iter(ints.values())).scale.dtype
     for name, w in ints.items():
+        if not w.centered():
+            raise CheckpointError(f"{name} has asymmetric zero points, which this export does not write "
+                                  "(transformers expects them unpacked, compressed-tensors packs them); "
+                                  "quantize symmetrically")
         if not exactly_in(w.scale, dtype):
             raise CheckpointError(f"{name}'s scales are not exactly representable in {dtype} "
                                   "(export in float32, or quantize with --dtype float16)")
@@ -138,7 +136,7 @@ def save_compressed(model: LM, path: str | Path, tokenizer=None, overwrite: bool
         order = rows.get(name.rsplit(".", 1)[1])
         for key, t in _module_tensors(w, order, dtype).items():
             quantized[f"{hf_name}.{key}"] = t
-        schemes[hf_name] = _args(w, symmetric=w.constant_zero() in (0, 1 << (w.bits - 1)))
+        schemes[hf_name] = _args(w)
     ignore = ["lm_head"] + [hf_linear_name(n) for n in dense]
     path = Path(path)
     if path.exists() and not path.is_dir():

@@ -46,6 +46,10 @@ class IntWeight:
             return self.codes
         return self.codes - self.zero.repeat_interleave(self.group, dim=1)
 
+    def centered(self) -> bool:
+        """Symmetric around zero: no zero point, or the "full" grid's constant 2**(bits-1)."""
+        return self.zero is None or self.constant_zero() == 1 << (self.bits - 1)
+
     def constant_zero(self) -> int | None:
         """The zero point when it is the same everywhere (0 for symmetric, 2**(bits-1) for the "full" grid)."""
         if self.zero is None:

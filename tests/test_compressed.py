@@ -29,7 +29,7 @@ SCHEMES = [  # (method, bits, group_size, symmetric, grid)
     ("gptq", 4, 16, True, "full"),
     ("rtn", 8, None, True, "absmax"),
     ("rtn", 8, 32, True, "absmax"),
-    ("rtn", 3, 16, False, None),
+    ("rtn", 3, 16, True, "absmax"),
 ]
 
 
@@ -76,16 +76,11 @@ def _quantized(arch, method, bits, group, symmetric, grid, **cfg):
 
 
 def _decode(folder, hf_name, meta) -> torch.Tensor:
-    """Integer weights (q - zp) of one module, read from the folder by the format description alone."""
+    """Integer weights q of one module, read from the folder by the format description alone."""
     t = load_file(str(folder / "model.safetensors"))
-    bits = meta["num_bits"]
     shape = tuple(t[f"{hf_name}.weight_shape"].tolist())
-    q = torch.from_numpy(_reference_unpack(t[f"{hf_name}.weight_packed"].numpy(), bits, shape[1]))
-    if not meta["symmetric"]:
-        zp_words = t[f"{hf_name}.weight_zero_point"].numpy().T
-        zp = torch.from_numpy(_reference_unpack(np.ascontiguousarray(zp_words), bits, shape[0]).T)
-        q = q - zp.repeat_interleave(meta["group_size"] or shape[1], dim=1)
-    return q
+    assert meta["symmetric"] and f"{hf_name}.weight_zero_point" not in t
+    return torch.from_numpy(_reference_unpack(t[f"{hf_name}.weight_packed"].numpy(), meta["num_bits"], shape[1]))
 
 
 @pytest.mark.parametrize("method, bits, group, symmetric, grid", SCHEMES)
@@ -110,7 +105,7 @@ def test_folder_holds_our_codes_exactly(arch, method, bits, group, symmetric, gr
 
 def test_config_validates_in_compressed_tensors(tmp_path):
     ct = pytest.importorskip("compressed_tensors.quantization")
-    save_compressed(_quantized("transformer", "rtn", 4, 16, False, None), tmp_path / "ct")
+    save_compressed(_quantized("transformer", "gptq", 4, 16, True, "full"), tmp_path / "ct")
     data = json.loads((tmp_path / "ct" / "config.json").read_text())["quantization_config"]
     parsed = ct.QuantizationConfig.model_validate(data)
     assert parsed.format == "pack-quantized" and parsed.quantization_status == "compressed"
@@ -143,6 +138,11 @@ def test_activation_quantizers_are_refused_in_one_line(tmp_path):
     with pytest.raises(CheckpointError, match="quantized weights only") as info:
         save_compressed(qmodel, tmp_path / "ct")
     assert "\n" not in str(info.value) and not (tmp_path / "ct").exists()
+
+
+def test_asymmetric_weights_are_refused(tmp_path):
+    with pytest.raises(CheckpointError, match="asymmetric zero points"):
+        save_compressed(_quantized("transformer", "rtn", 4, 16, False, None), tmp_path / "ct")
 
 
 def test_float16_scales_that_would_round_are_refused(tmp_path):
