@@ -18,7 +18,8 @@ from diffquant.cli import main
 from diffquant.compressed import hf_linear_name, pack_int32, save_compressed
 from diffquant.exports import block_int_weights, dequantized_copy
 from diffquant.hf import _row_maps
-from diffquant.quant import ActQuant, QuantConfig, WeightQuant, quantize, save_quantized
+from diffquant.quant import ActQuant, QuantConfig, WeightQuant, save_quantized
+from diffquant.quant.api import quantize
 
 from .conftest import tiny_config
 from .helpers import randomize_
