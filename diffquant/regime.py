@@ -40,7 +40,9 @@ LOCATED = 100  # top values whose positions are summarised
 ARCH_SHORT = {"transformer": "T", "diff": "D", "gated": "G", "clipped": "C"}
 
 
-def tokens_label(tokens: int) -> str:
+def tokens_label(tokens: int | None) -> str:
+    if tokens is None:
+        return "—"  # not known (a checkpoint without its training log)
     for unit, size in (("B", 10**9), ("M", 10**6), ("K", 10**3)):
         if tokens >= size:
             return f"{tokens / size:.3g}{unit}"
