@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .. import distributed
 from ..checkpoint import read_metadata, training_context
 from ..cliargs import hist_plot_path
 from ..data import documents, encode_documents
@@ -44,6 +45,8 @@ def register(sub) -> None:
 def profile_checkpoint(path: str, args, tokenizer: Tokenizer | None = None) -> dict:
     """Load, tokenise the data with the checkpoint's tokenizer, profile; the record names its source."""
     model = load_for_profiling(path)  # HF folders natively (any decoder); ours and .gguf as usual
+    if distributed.is_distributed():
+        model.to(distributed.local_device())  # NCCL: this rank's GPU; gloo: the CPU
     tok = tokenizer or (Tokenizer.load(args.tokenizer) if args.tokenizer else tokenizer_for(path))
     seq_len, source = window_length(path, model.config.max_seq_len, args.seq_len)
     if seq_len > model.config.max_seq_len:
@@ -98,6 +101,8 @@ def run(args) -> int:
     if len(set(labels)) < len(labels):
         raise UserError("two checkpoints have the same label; give them distinct folder names")
     records = [profile_checkpoint(path, args) for path in args.checkpoints]
+    if not distributed.is_main():  # data parallel: rank 0 prints and writes
+        return 0
     by_label = {rec["label"]: rec for rec in records}
     print(outlier_table(by_label, fmt=args.format, paper=len(records) <= 2))
     if args.format != "csv":

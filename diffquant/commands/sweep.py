@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from .. import distributed
 from ..sweep import ATTN_IMPLS, DEFAULT_CALIB_TOKENS, PERPLEXITY_TASKS, TARGETS
 from ..tasks import SUBSETS
 from . import nonfinite_exit
@@ -58,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
                         batch_size=args.batch_size,
                         calib_tokens=args.calib_tokens, calib_data=args.calib_data, attn_impl=args.attn_impl,
                         device=args.device)
+    if not distributed.is_main():  # data parallel: rank 0 prints
+        return 0
     if not args.no_table:
         print(render_report(load_records([args.out])))
         print()
