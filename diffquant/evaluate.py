@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from . import distributed
+from .dispatch import input_device
 from .io import finite_or_none
 from .tasks import TASKS, Item, canonical_task, load_task
 
@@ -62,8 +63,7 @@ def model_max_len(model) -> int:
 
 
 def _device(model) -> torch.device:
-    param = next(iter(model.parameters()), None)
-    return param.device if param is not None else torch.device("cpu")
+    return input_device(model)  # the CPU for a model whose first weights are offloaded (device_map)
 
 
 def _logits(model, input_ids: torch.Tensor) -> torch.Tensor:

@@ -23,6 +23,7 @@ from torch import nn
 from tqdm import tqdm
 
 from . import distributed
+from .dispatch import input_device
 from .io import atomic_write_text
 from .probes import ATTENTION_KINDS, CAUSAL_KINDS, Probe, ProbeCall, hooked, probes
 from .stats import ExactPass, Quantiles, SiteStats
@@ -117,8 +118,7 @@ class _Profiler:
 
 
 def _device_of(model: nn.Module) -> torch.device:
-    param = next(model.parameters(), None)
-    return param.device if param is not None else torch.device("cpu")
+    return input_device(model)  # the CPU for a model whose first weights are offloaded (device_map)
 
 
 def profile(

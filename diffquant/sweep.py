@@ -315,13 +315,15 @@ def run_sweep(checkpoints: Sequence[str | os.PathLike], out: str | os.PathLike, 
               bits: Sequence[int] = (16, 8, 6, 4), tasks: Sequence[str] = ("wikitext2",),
               granularity: str | None = None, group_size: int | None = None, limit: int | None = None,
               seed: int = 0, batch_size: int = 8, calib_tokens: int | None = None, calib_data: str = "train",
-              attn_impl: str = "eager", device: str = "cpu", progress: bool = True, subset: str = "first") -> dict:
+              attn_impl: str = "eager", device: str = "cpu", progress: bool = True, subset: str = "first",
+              dispatch: dict | None = None) -> dict:
     """Score every checkpoint × bits × task not yet in ``out``; returns ``{"out", "written", "nonfinite",
     "skipped"}``.
 
     Everything is checked before the first model is loaded (:func:`check_sweep`). One sweep writes ``out`` at a
     time (a lock); the cells already in it are read under the lock and skipped. NaN/Inf losses are recorded as
-    null metrics with a ``nonfinite`` count.
+    null metrics with a ``nonfinite`` count. ``dispatch``: :func:`~diffquant.offload.load_dispatched` options
+    (``device_map``, ``max_memory``, ``offload_folder``) for HF folders larger than one device.
     """
     scheme = make_scheme(target, granularity, group_size, calib_tokens)
     bits = check_bits(scheme, bits)
@@ -334,6 +336,7 @@ def run_sweep(checkpoints: Sequence[str | os.PathLike], out: str | os.PathLike, 
     total = len(checkpoints) * len(bits) * len(resolved)
     settings = {"limit": limit, "subset": subset, "seed": seed, "attn_impl": attn_impl, "batch_size": batch_size,
                 "device": device}
+    settings["dispatch"] = dispatch  # how to load, not part of a record
     counts = {"written": 0, "nonfinite": 0}
     progress = progress and distributed.is_main()
     with _records_file(out) as fh, tqdm(total=total, desc="sweep", disable=not progress) as bar:
@@ -416,7 +419,12 @@ def _key_fields(path: str, scheme: Scheme, bits: int, task: Task, settings: dict
 def _sweep_checkpoint(ckpt: _Checkpoint, scheme: Scheme, data: dict, settings: dict, calib_data: str, fh, bar,
                       progress: bool, counts: dict) -> None:
     device = distributed.local_device(settings["device"])  # "cuda" is this rank's GPU in a process group
-    model = load_checkpoint(ckpt.path, device=device, attn_impl=settings["attn_impl"])
+    if settings["dispatch"]:
+        from .offload import load_dispatched
+
+        model = load_dispatched(ckpt.path, **settings["dispatch"])
+    else:
+        model = load_checkpoint(ckpt.path, device=device, attn_impl=settings["attn_impl"])
     tokenizer = tokenizer_for(ckpt.path)
     about = {"checkpoint_sha256": ckpt.sha256, "label": model_label(ckpt.path), "arch": model.config.arch,
              "model": model.config.to_dict(), "params": sum(p.numel() for p in model.parameters()),
