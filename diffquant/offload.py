@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import tempfile
 from pathlib import Path
@@ -19,6 +20,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from . import distributed
 from .errors import UserError
 
 log = logging.getLogger(__name__)
@@ -41,6 +43,17 @@ def parse_max_memory(text: str | None) -> dict[int | str, str] | None:
     if not budget:
         raise UserError("--max-memory is empty; expected DEVICE=SIZE pairs such as 0=20GiB,cpu=64GiB")
     return budget
+
+
+def for_rank(max_memory: dict | None, local_rank: int | None = None) -> dict | None:
+    """In a data-parallel launch, GPU indices are relative to the rank's own GPUs: with k GPU entries, local rank r
+    uses GPUs r·k … r·k + k − 1 (``0=75GiB,1=75GiB`` on 8 GPUs: 4 ranks, a pair each). Unchanged otherwise."""
+    if local_rank is None:
+        local_rank = int(os.environ.get("LOCAL_RANK", "0")) if distributed.is_distributed() else 0
+    if not max_memory or not local_rank:
+        return max_memory
+    gpus = sorted(k for k in max_memory if isinstance(k, int))
+    return {(local_rank * len(gpus) + gpus.index(k) if isinstance(k, int) else k): v for k, v in max_memory.items()}
 
 
 def _device_map(value: str | dict) -> str | dict:
@@ -73,7 +86,7 @@ def load_dispatched(path: str | Path, device_map: str | dict = "auto", max_memor
     if offload_folder is None:  # disk offload needs a folder: a private one that goes with the model
         scratch = tempfile.TemporaryDirectory(prefix="diffquant-offload-")
         offload_folder = scratch.name
-    model = load_hf_model(path, dtype, device_map=_device_map(device_map), max_memory=max_memory,
+    model = load_hf_model(path, dtype, device_map=_device_map(device_map), max_memory=for_rank(max_memory),
                           offload_folder=str(offload_folder))
     log.info("%s dispatched: %s", path, _placement(getattr(model, "hf_device_map", {})))
     wrapped = HFProbed(model)

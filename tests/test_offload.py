@@ -13,7 +13,7 @@ from diffquant.errors import UserError
 from diffquant.evaluate import rolling_perplexity
 from diffquant.hf import save_hf
 from diffquant.hf_probes import HFProbed, load_hf_model
-from diffquant.offload import load_dispatched, parse_max_memory
+from diffquant.offload import for_rank, load_dispatched, parse_max_memory
 from diffquant.quant import ActQuant, QuantConfig, WeightQuant
 from diffquant.quant.api import iter_quantized
 
@@ -79,6 +79,12 @@ def test_gptq_with_offload_equals_gptq_in_memory(models):
             assert module.qweight.device.type == "meta"
             module._hf_hook.pre_forward(module)
         assert torch.equal(module.qweight, q_full[name].qweight) and torch.equal(module.scale, q_full[name].scale)
+
+
+def test_max_memory_gpu_indices_are_per_rank():
+    budget = {0: "75GiB", 1: "75GiB", "cpu": "200GiB"}
+    assert for_rank(budget, 0) == budget
+    assert for_rank(budget, 3) == {6: "75GiB", 7: "75GiB", "cpu": "200GiB"}
 
 
 def test_max_memory_parsing():
