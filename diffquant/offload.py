@@ -1,11 +1,12 @@
 """Models larger than one device: Hugging Face folders loaded with accelerate's ``device_map``.
 
 ``load_dispatched(path, device_map="auto", max_memory={0: "20GiB", "cpu": "64GiB"})`` lets transformers and
-accelerate place each decoder layer on a GPU, in CPU memory or on disk (``offload_folder``; a temporary folder
-that lives as long as the model when none is given) and returns the model wrapped in
+accelerate place each decoder layer on a GPU, in CPU memory or on disk and returns the model wrapped in
 :class:`~diffquant.hf_probes.HFProbed`, so probes, ``profile``, the logit / activation quantizers and GPTQ work
-on it unchanged (see :mod:`diffquant.dispatch` for the two places that needed care). The command line offers the
-same through ``--device-map auto --max-memory 0=20GiB,cpu=64GiB [--offload-folder DIR]``.
+on it unchanged. Disk-offloaded safetensors weights are read in place; ``offload_folder`` (default: a temporary
+folder kept for the process's lifetime) takes only what must be converted. :mod:`diffquant.dispatch` holds the
+two places that needed care. The command line offers the same through
+``--device-map auto --max-memory 0=20GiB,cpu=64GiB [--offload-folder DIR]``.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from .errors import UserError
 log = logging.getLogger(__name__)
 
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
+_SCRATCH: list[tempfile.TemporaryDirectory] = []
 _SIZE = re.compile(r"^\d+(\.\d+)?\s*([KMGT]i?B|B)?$", re.IGNORECASE)
 
 
@@ -82,16 +84,13 @@ def load_dispatched(path: str | Path, device_map: str | dict = "auto", max_memor
         import accelerate  # noqa: F401 - transformers needs it for device_map
     except ImportError:
         raise UserError("--device-map needs accelerate: pip install 'diffquant[big]'") from None
-    scratch = None
-    if offload_folder is None:  # disk offload needs a folder: a private one that goes with the model
-        scratch = tempfile.TemporaryDirectory(prefix="diffquant-offload-")
-        offload_folder = scratch.name
+    if offload_folder is None:  # disk offload needs a folder: a private one, removed when the process ends
+        _SCRATCH.append(tempfile.TemporaryDirectory(prefix="diffquant-offload-"))  # (copies of the model share it)
+        offload_folder = _SCRATCH[-1].name
     model = load_hf_model(path, dtype, device_map=_device_map(device_map), max_memory=for_rank(max_memory),
                           offload_folder=str(offload_folder))
     log.info("%s dispatched: %s", path, _placement(getattr(model, "hf_device_map", {})))
-    wrapped = HFProbed(model)
-    wrapped._offload_scratch = scratch  # removed with the model
-    return wrapped
+    return HFProbed(model)
 
 
 def _placement(device_map: dict) -> str:
@@ -114,9 +113,10 @@ def add_arguments(parser) -> None:
 
 def dispatch_options(args) -> dict | None:
     """``load_dispatched`` keyword arguments from parsed flags; None without ``--device-map``."""
-    if args.device_map is None:
-        if args.max_memory or args.offload_folder:
+    device_map, max_memory, folder = (getattr(args, k, None) for k in ("device_map", "max_memory", "offload_folder"))
+    if device_map is None:
+        if max_memory or folder:
             raise UserError("--max-memory and --offload-folder need --device-map")
         return None
-    return {"device_map": _device_map(args.device_map), "max_memory": parse_max_memory(args.max_memory),
-            "offload_folder": args.offload_folder}
+    return {"device_map": _device_map(device_map), "max_memory": parse_max_memory(max_memory),
+            "offload_folder": folder}

@@ -108,3 +108,18 @@ def test_cli_profile_with_device_map(folder, tmp_path, capsys):
     assert main([*common, "--max-memory", "cpu=1GiB"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == ["diffquant: error: --max-memory and --offload-folder "
                                                            "need --device-map"]
+
+
+def test_sweep_with_offload_equals_sweep_in_memory(folder, tmp_path):
+    from diffquant.report import read_records
+    from diffquant.sweep import run_sweep
+
+    path, size = folder
+    kw = dict(target="attn_logits", bits=[16, 4], tasks=["copa"], limit=3, progress=False)
+    for name, where in (("memory", {"device_map": {"": "cpu"}}),
+                        ("offload", {"device_map": "auto", "max_memory": {"cpu": int(size * 0.9)}})):
+        run_sweep([str(path)], tmp_path / f"{name}.jsonl", dispatch={**where, "offload_folder": None}, **kw)
+    memory, offload = (read_records(tmp_path / f"{n}.jsonl") for n in ("memory", "offload"))
+    strip = lambda rs: [{k: v for k, v in r.items() if k not in ("wall_time_s", "quantize_s", "created")}
+                        for r in rs]
+    assert len(memory) == 2 and strip(offload) == strip(memory)
