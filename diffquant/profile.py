@@ -151,7 +151,8 @@ def profile(
                 prof.run_batch(model, ids)
         return None if distributed.is_main() else _shard_state(prof)
 
-    pooled = distributed.reduce_on_main(local_pass, lambda shares: _absorb_shards(prof, shares, batches))
+    pooled: dict = {}  # rank 0 only: the merged stats stay there, only the final record is broadcast
+    distributed.reduce_on_main(local_pass, lambda shares: pooled.update(_absorb_shards(prof, shares, batches)))
     if exact_median and distributed.on_main(lambda: any(e.stats.needs_exact_pass for e in prof.logs.values())):
         _exact_pass(model, mine, prof, pooled, chunk, progress)
     return OutlierReport(distributed.on_main(lambda: _assemble(model, prof, pooled, n_locations, label)))
@@ -165,7 +166,7 @@ def _shard_state(prof: _Profiler) -> dict:
 def _absorb_shards(prof: _Profiler, shares: list[dict | None], batches: list[torch.Tensor]):
     """On rank 0: merge the other ranks' shards after its own, in rank order — the order a single process
     streams the windows in, so top-k ties, call logs and every count come out as in one pass. Returns the
-    pooled stats (None elsewhere: only rank 0 assembles)."""
+    pooled stats."""
     for share in shares[1:]:
         for name, (state, calls) in share["logs"].items():
             prof.logs[name].stats.merge(SiteStats.from_state_dict(state))
