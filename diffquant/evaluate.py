@@ -40,6 +40,8 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from . import distributed
+from .dispatch import input_device
 from .io import finite_or_none
 from .tasks import TASKS, Item, canonical_task, load_task
 
@@ -61,8 +63,7 @@ def model_max_len(model) -> int:
 
 
 def _device(model) -> torch.device:
-    param = next(iter(model.parameters()), None)
-    return param.device if param is not None else torch.device("cpu")
+    return input_device(model)  # the CPU for a model whose first weights are offloaded (device_map)
 
 
 def _logits(model, input_ids: torch.Tensor) -> torch.Tensor:
@@ -100,16 +101,25 @@ def score_requests(model, requests: Sequence[Request], batch_size: int = 8, max_
     pieces, owners = _split_long(requests, max_len)
     inputs = [(ctx + cont)[-(max_len + 1):][:-1] for ctx, cont in pieces]
     order = sorted(range(len(pieces)), key=lambda i: -len(inputs[i]))
-    scores: list[dict | None] = [None] * len(pieces)
+    # The batches are cut as in one process and dealt out whole (a row's logits may depend on its batch's
+    # shape in the last bits), so a data-parallel run scores every piece exactly as a single process does.
+    batches = [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
     device = _device(model)
-    with _eval_mode(model), tqdm(total=len(order), desc=desc, disable=not progress, leave=False) as bar:
-        for start in range(0, len(order), batch_size):
-            rows = order[start:start + batch_size]
-            logits = _logits(model, _pad([inputs[i] for i in rows], device))
-            for r, i in enumerate(rows):
-                scores[i] = _continuation_score(logits[r], len(inputs[i]), pieces[i][1])
-            bar.update(len(rows))
-    return _merge_pieces(scores, owners, len(requests))
+    progress = progress and distributed.is_main()
+
+    def score_mine() -> dict[int, dict]:
+        mine = {}
+        with _eval_mode(model), tqdm(total=len(order), desc=desc, disable=not progress, leave=False) as bar:
+            for j in distributed.strided(len(batches)):
+                rows = batches[j]
+                logits = _logits(model, _pad([inputs[i] for i in rows], device))
+                for r, i in enumerate(rows):
+                    mine[i] = _continuation_score(logits[r], len(inputs[i]), pieces[i][1])
+                bar.update(len(rows) * distributed.world_size())
+        return mine
+
+    shares = distributed.reduce_on_main(score_mine, lambda parts: {i: s for part in parts for i, s in part.items()})
+    return _merge_pieces([shares[i] for i in range(len(pieces))], owners, len(requests))
 
 
 def _split_long(requests: Sequence[Request], max_len: int) -> tuple[list[Request], list[int]]:

@@ -303,8 +303,9 @@ def _hidden_hook(probe: Probe):
 
 # -- loading ----------------------------------------------------------------------------------------------
 
-def load_hf_model(path: str | Path, dtype: torch.dtype = torch.float32):
-    """A local HF causal LM folder, offline, with no remote code and no pickle, in eval mode.
+def load_hf_model(path: str | Path, dtype: torch.dtype = torch.float32, **dispatch):
+    """A local HF causal LM folder, offline, with no remote code and no pickle, in eval mode (``dispatch``:
+    ``device_map`` / ``max_memory`` / ``offload_folder`` for transformers, see :mod:`diffquant.offload`).
 
     Checked before anything is allocated: the config's sizes, the shard paths and safetensors headers, and that
     the weights can hold the model the config describes (built on the meta device), quantized ones included."""
@@ -319,7 +320,7 @@ def load_hf_model(path: str | Path, dtype: torch.dtype = torch.float32):
     check_capacity(path, needed, weight_files(path))
     try:
         model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype,
-                                                     trust_remote_code=False, use_safetensors=True)
+                                                     trust_remote_code=False, use_safetensors=True, **dispatch)
     except (OSError, ValueError, KeyError) as exc:
         raise CheckpointError(f"{path}: transformers cannot load it ({first_line(exc)})") from None
     return model.eval()

@@ -32,6 +32,7 @@ import os
 import platform
 import time
 from collections.abc import Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +40,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from . import distributed
 from .checkpoint import load_checkpoint, read_model_config
 from .data import SOURCES, data_fingerprint, documents, encode_documents
 from .evaluate import evaluate_task, finite_metrics, model_max_len, rolling_requests, score_requests, text_perplexity
@@ -293,6 +295,8 @@ def _repair_tail(path: Path) -> None:
 
 def _append(fh, record: dict) -> None:
     # one call per line: a crash leaves whole lines or one cut-off tail; records are standard JSON (no NaN)
+    if fh is None:  # not rank 0
+        return
     fh.write(json.dumps(record, allow_nan=False) + "\n")
     fh.flush()
     os.fsync(fh.fileno())
@@ -311,13 +315,15 @@ def run_sweep(checkpoints: Sequence[str | os.PathLike], out: str | os.PathLike, 
               bits: Sequence[int] = (16, 8, 6, 4), tasks: Sequence[str] = ("wikitext2",),
               granularity: str | None = None, group_size: int | None = None, limit: int | None = None,
               seed: int = 0, batch_size: int = 8, calib_tokens: int | None = None, calib_data: str = "train",
-              attn_impl: str = "eager", device: str = "cpu", progress: bool = True, subset: str = "first") -> dict:
+              attn_impl: str = "eager", device: str = "cpu", progress: bool = True, subset: str = "first",
+              dispatch: dict | None = None) -> dict:
     """Score every checkpoint × bits × task not yet in ``out``; returns ``{"out", "written", "nonfinite",
     "skipped"}``.
 
     Everything is checked before the first model is loaded (:func:`check_sweep`). One sweep writes ``out`` at a
     time (a lock); the cells already in it are read under the lock and skipped. NaN/Inf losses are recorded as
-    null metrics with a ``nonfinite`` count.
+    null metrics with a ``nonfinite`` count. ``dispatch``: :func:`~diffquant.offload.load_dispatched` options
+    (``device_map``, ``max_memory``, ``offload_folder``) for HF folders larger than one device.
     """
     scheme = make_scheme(target, granularity, group_size, calib_tokens)
     bits = check_bits(scheme, bits)
@@ -327,21 +333,38 @@ def run_sweep(checkpoints: Sequence[str | os.PathLike], out: str | os.PathLike, 
     subset = subset if limit is not None else None  # records: which items --limit kept (none without it)
     data = {t.name: _task_data(t, limit, seed, subset) for t in resolved}
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     total = len(checkpoints) * len(bits) * len(resolved)
     settings = {"limit": limit, "subset": subset, "seed": seed, "attn_impl": attn_impl, "batch_size": batch_size,
                 "device": device}
+    settings["dispatch"] = dispatch  # how to load, not part of a record
     counts = {"written": 0, "nonfinite": 0}
-    with locked_append(out) as fh, tqdm(total=total, desc="sweep", disable=not progress) as bar:
-        _repair_tail(out)
-        existing = read_records(out, missing_ok=True)  # read under the lock: no cell is computed twice
-        todo = [_plan(ckpt, existing, scheme, bits, resolved, settings) for ckpt in checkpoints]
+    progress = progress and distributed.is_main()
+    with _records_file(out) as fh, tqdm(total=total, desc="sweep", disable=not progress) as bar:
+        todo = distributed.on_main(lambda: _read_plan(out, checkpoints, scheme, bits, resolved, settings))
         bar.update(total - sum(len(c.cells) for c in todo))
         for ckpt in todo:
             if ckpt.cells:
                 _sweep_checkpoint(ckpt, scheme, data, settings, calib_data, fh, bar, progress, counts)
     log.info("%s: %d records written, %d already there", out, counts["written"], total - counts["written"])
     return {"out": str(out), **counts, "skipped": total - counts["written"]}
+
+
+@contextmanager
+def _records_file(out: Path):
+    """The locked records file on rank 0; None on the other ranks of a data-parallel sweep (they only score)."""
+    if not distributed.is_main():
+        yield None
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with locked_append(out) as fh:
+        yield fh
+
+
+def _read_plan(out: Path, checkpoints: list[str], scheme: Scheme, bits: list[int], tasks: list[Task],
+               settings: dict) -> list[_Checkpoint]:
+    _repair_tail(out)
+    existing = read_records(out, missing_ok=True)  # read under the lock: no cell is computed twice
+    return [_plan(ckpt, existing, scheme, bits, tasks, settings) for ckpt in checkpoints]
 
 
 def check_sweep(scheme: Scheme, checkpoints: list[str], tasks: list[Task], limit: int | None, batch_size: int,
@@ -395,7 +418,13 @@ def _key_fields(path: str, scheme: Scheme, bits: int, task: Task, settings: dict
 
 def _sweep_checkpoint(ckpt: _Checkpoint, scheme: Scheme, data: dict, settings: dict, calib_data: str, fh, bar,
                       progress: bool, counts: dict) -> None:
-    model = load_checkpoint(ckpt.path, device=settings["device"], attn_impl=settings["attn_impl"])
+    device = distributed.local_device(settings["device"])  # "cuda" is this rank's GPU in a process group
+    if settings["dispatch"]:
+        from .offload import load_dispatched
+
+        model = load_dispatched(ckpt.path, **settings["dispatch"])
+    else:
+        model = load_checkpoint(ckpt.path, device=device, attn_impl=settings["attn_impl"])
     tokenizer = tokenizer_for(ckpt.path)
     about = {"checkpoint_sha256": ckpt.sha256, "label": model_label(ckpt.path), "arch": model.config.arch,
              "model": model.config.to_dict(), "params": sum(p.numel() for p in model.parameters()),
@@ -411,7 +440,7 @@ def _sweep_checkpoint(ckpt: _Checkpoint, scheme: Scheme, data: dict, settings: d
         else:
             if scheme.target == "weights-gptq" and calib is None:
                 calib = calibration_batch(tokenizer, model_max_len(model), scheme.calib_tokens, settings["seed"],
-                                          calib_data).to(settings["device"])
+                                          calib_data).to(device)
             qmodel = quantize_model(model, config, calib=calib)
         quantize_s = time.perf_counter() - start
         for b, task in ckpt.cells:

@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 
+from .. import distributed
+from ..offload import add_arguments as add_dispatch_arguments
+from ..offload import dispatch_options
 from ..sweep import ATTN_IMPLS, DEFAULT_CALIB_TOKENS, PERPLEXITY_TASKS, TARGETS
 from ..tasks import SUBSETS
 from . import nonfinite_exit
@@ -41,6 +44,7 @@ def register(sub) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--out", required=True, help="JSONL records file (appended; finished cells are skipped)")
     p.add_argument("--no-table", action="store_true", help="do not print the degradation table afterwards")
+    add_dispatch_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -57,7 +61,9 @@ def run(args: argparse.Namespace) -> int:
                         group_size=args.group_size, limit=args.limit, subset=args.subset, seed=args.seed,
                         batch_size=args.batch_size,
                         calib_tokens=args.calib_tokens, calib_data=args.calib_data, attn_impl=args.attn_impl,
-                        device=args.device)
+                        device=args.device, dispatch=dispatch_options(args))
+    if not distributed.is_main():  # data parallel: rank 0 prints
+        return 0
     if not args.no_table:
         print(render_report(load_records([args.out])))
         print()

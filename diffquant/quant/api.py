@@ -21,6 +21,7 @@ from typing import Callable, Iterable
 import torch
 from torch import nn
 
+from diffquant.dispatch import place_like, resident
 from diffquant.probes import probes
 from diffquant.quant.act import InputQuantLinear, QuantProbe
 from diffquant.quant.config import HEAD_GRANULARITIES, QuantConfig, WeightQuant
@@ -165,8 +166,10 @@ def _quantize_weights(model, wq: WeightQuant, linears: list[str], embeddings: li
     if wq.method == "rtn":
         for name in own:
             linear = model.get_submodule(name)
-            codes, scale, zero = rtn_codes(linear.weight, wq.bits, wq.group_size, wq.symmetric, wq.grid)
-            model.set_submodule(name, QuantLinear.from_codes(linear, codes, scale, zero, wq.bits, wq.group_size))
+            with resident(linear):  # offloaded (device_map): loaded for this layer only, then written back
+                codes, scale, zero = rtn_codes(linear.weight, wq.bits, wq.group_size, wq.symmetric, wq.grid)
+                quantized = QuantLinear.from_codes(linear, codes, scale, zero, wq.bits, wq.group_size)
+            model.set_submodule(name, place_like(quantized, linear))
     elif wq.method == "gptq":
         gptq_quantize_(model, own, batches, wq.bits, wq.group_size, wq.symmetric, wq.act_order, wq.damp,
                        wq.block_size, wq.grid, wq.sequential)
