@@ -37,10 +37,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .checkpoint import CheckpointError, check_capacity, load_checkpoint
+from .checkpoint import load_checkpoint
+from .checkpoint.files import CheckpointError, check_capacity
+from .checkpoint.hf import is_hf_folder, weight_files
 from .config import SIZE_LIMITS
 from .errors import first_line
-from .hf import is_hf_folder, weight_files
 from .probes import Probe
 
 log = logging.getLogger(__name__)

@@ -39,12 +39,11 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .checkpoint import load_checkpoint, read_model_config
+from .checkpoint import checkpoint_format, load_checkpoint, read_model_config
 from .data import SOURCES, data_fingerprint, documents, encode_documents
 from .evaluate import evaluate_task, finite_metrics, model_max_len, rolling_requests, score_requests, text_perplexity
 from .io import locked_append
 from .quant import ActQuant, QuantConfig, WeightQuant, quantize_model
-from .quant.packed import QUANT_FILE
 from .report import BASELINE_BITS, read_records, record_key
 from .tasks import SUBSETS, TASKS, canonical_task, limit_ids, load_task
 from .tokenizer import default_tokenizer_path, tokenizer_for
@@ -365,7 +364,7 @@ def check_sweep(scheme: Scheme, checkpoints: list[str], tasks: list[Task], limit
 
 def check_checkpoint(path: str, scheme: Scheme) -> None:
     """A float checkpoint whose config admits the scheme, read without loading a model."""
-    if (Path(path) / QUANT_FILE).is_file():
+    if checkpoint_format(path) == "packed":
         raise ValueError(f"{path} is already quantized; sweep its float checkpoint")
     cfg = read_model_config(path)
     if scheme.group_size is not None:

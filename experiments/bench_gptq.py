@@ -33,9 +33,9 @@ import torch
 import torch.nn.functional as F
 
 from diffquant.checkpoint import load_checkpoint
+from diffquant.checkpoint.gguf import stories260k_path, stories260k_tokenizer_path
 from diffquant.commands.quantize import _calibration
 from diffquant.data import encode_documents, load_documents
-from diffquant.gguf import stories260k_path, stories260k_tokenizer_path
 from diffquant.quant import QuantConfig, WeightQuant, quantize_model
 from diffquant.tokenizer import Tokenizer
 
@@ -86,7 +86,7 @@ def export_hf(model, folder: Path) -> None:
     from tokenizers import models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from diffquant.hf import to_hf_model
+    from diffquant.checkpoint.hf import to_hf_model
 
     c = model.config
     to_hf_model(model).save_pretrained(folder)  # the converter the HF round-trip tests check

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
+from diffquant.checkpoint.gguf import load_gguf, stories260k_path, stories260k_tokenizer_path
 from diffquant.cli import main
 from diffquant.corpus import heldout_ids, load_corpus, read_manifest
-from diffquant.gguf import load_gguf, stories260k_path, stories260k_tokenizer_path
 from diffquant.sample import draw, sample_corpus, sample_stories
 from diffquant.tokenizer import Tokenizer
 

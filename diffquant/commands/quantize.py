@@ -46,15 +46,14 @@ def register(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from ..checkpoint import load_checkpoint
-    from ..quant import ActQuant, QuantConfig, WeightQuant, quantize_, save_quantized
-    from ..quant.packed import fp16_file_bytes
+    from ..checkpoint import check_writable, load_checkpoint, save_quantized
+    from ..checkpoint.packed import fp16_file_bytes
+    from ..quant import ActQuant, QuantConfig, WeightQuant, quantize_
 
     source, out = Path(args.checkpoint), Path(args.out)  # the CLI refused an --out over, in or around the source
     if not source.exists():
         raise UserError(f"checkpoint {source} does not exist")
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not args.overwrite:
-        raise UserError(f"{out} exists and is not empty; pass --overwrite to replace it")
+    check_writable(out, args.overwrite, hint="pass --overwrite to replace it")  # before the quantizer's work
     config = QuantConfig(
         weights=None if args.weights == "none" else WeightQuant(
             args.weights, bits=args.bits, group_size=args.group_size, symmetric=not args.asymmetric,
@@ -123,7 +122,7 @@ def _tokenizer_files(source: Path, tokenizer) -> dict[str, Path]:
 
 
 def _summary(source: Path, out: Path, config, fp16_bytes: int, calib_info: dict, seconds: float) -> dict:
-    from ..quant.packed import WEIGHTS_FILE
+    from ..checkpoint import WEIGHTS_FILE
 
     packed_bytes = (out / WEIGHTS_FILE).stat().st_size
     return {

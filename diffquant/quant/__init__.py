@@ -1,5 +1,6 @@
 """Quantization: numerics, dynamic quantizers at probes and Linear inputs, weight RTN / GPTQ / bitsandbytes,
-``quantize_`` / ``quantize`` and packed checkpoints (see docs/ARCHITECTURE.md, section 9).
+``quantize_`` / ``quantize`` (see docs/ARCHITECTURE.md, section 9). Packed quantized checkpoints are a
+checkpoint format: ``diffquant.checkpoint.save_quantized`` / ``load_quantized`` (quant never builds models).
 
 Names: ``diffquant.quant.quantize`` stays the tensor-level ``numerics.quantize`` (codes, scale, zero); the model
 entry points are ``quantize_`` (in place) and ``quantize_model`` (a copy), which ``diffquant`` exports as
@@ -27,7 +28,6 @@ from diffquant.quant.numerics import (
     quantize,
     sqnr,
 )
-from diffquant.quant.packed import load_quantized, restore_quantized_, save_quantized
 from diffquant.quant.rtn import rtn_codes
 
 __all__ = [
@@ -43,14 +43,11 @@ __all__ = [
     "gptq_codes",
     "gptq_quantize_",
     "is_quantized",
-    "load_quantized",
     "pack_codes",
     "quantize_",
     "quantize_activation",
     "quantize_model",
-    "restore_quantized_",
     "rtn_codes",
-    "save_quantized",
     "unpack_codes",
     "FLOAT_FORMATS",
     "Granularity",
