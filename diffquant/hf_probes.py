@@ -42,6 +42,7 @@ from .checkpoint.files import CheckpointError, check_capacity
 from .checkpoint.hf import is_hf_folder, weight_files
 from .config import SIZE_LIMITS
 from .errors import first_line
+from .kinds import ATTN_LOGITS, HIDDEN
 from .probes import Probe
 
 log = logging.getLogger(__name__)
@@ -220,7 +221,7 @@ class HFConfig:
 class _AttnProbes(nn.Module):
     def __init__(self):
         super().__init__()
-        self.logits = Probe("attn_logits")
+        self.logits = Probe(ATTN_LOGITS)
 
 
 class _LayerProbes(nn.Module):
@@ -228,7 +229,7 @@ class _LayerProbes(nn.Module):
         super().__init__()
         if with_logits:
             self.attn = _AttnProbes()
-        self.out = Probe("hidden")
+        self.out = Probe(HIDDEN)
 
 
 class HFProbed(nn.Module):

@@ -95,6 +95,7 @@ def test_draw_inverts_the_cdf_exactly():
     assert torch.allclose(counts / counts.sum(), torch.tensor([0.25, 0, 0.25, 0.5], dtype=torch.float64), atol=0.01)
 
 
+@pytest.mark.slow  # ≥ 9 s (pytest --durations)
 def test_corpus_same_seed_same_bytes_resume_and_regeneration(tmp_path):
     kw = dict(tokens=3000, seed=3, batch_size=8, max_len=64, shard_tokens=1000, progress=False)
     a = sample_corpus(stories260k_path(), tmp_path / "a", **kw)

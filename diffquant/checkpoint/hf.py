@@ -40,6 +40,7 @@ from ..config import ModelConfig
 from ..errors import first_line
 from ..io import write_safetensors
 from ..model import LAMBDA_STD, LM, build_model
+from ..tokenizer import SENTENCEPIECE_FILE, TOKENIZER_FILE
 from .files import (
     CONFIG_FILE,
     FLOAT_DTYPES,
@@ -60,7 +61,7 @@ log = logging.getLogger(__name__)
 ARCHITECTURES = {"transformer": ("llama", "LlamaForCausalLM"), "diff": ("diffllama", "DiffLlamaForCausalLM")}
 MODEL_TYPES = {model_type: arch for arch, (model_type, _) in ARCHITECTURES.items()}
 SIDECAR_FILE = "diffquant.safetensors"  # exact originals of what the fold changes; transformers ignores it
-TOKENIZER_FILE, TOKENIZER_CONFIG_FILE = "tokenizer.json", "tokenizer_config.json"
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 SUBLN_EPS = 1e-5  # our Diff head norm's eps (model.py), which DiffLlama takes from rms_norm_eps
 
 
@@ -230,7 +231,7 @@ def _save_tokenizer(tokenizer, folder: Path, max_len: int) -> None:
     else:
         backend = sentencepiece_to_tokenizers(tokenizer)
         backend.save(str(folder / TOKENIZER_FILE))
-        shutil.copyfile(source, folder / "tokenizer.model")  # the original, for SentencePiece users
+        shutil.copyfile(source, folder / SENTENCEPIECE_FILE)  # the original, for SentencePiece users
         specials = {"unk_token": backend.id_to_token(tokenizer.backend.unk_id())}
     backend = _tokenizers().Tokenizer.from_file(str(folder / TOKENIZER_FILE))
     for name, i in (("bos_token", tokenizer.bos_id), ("eos_token", tokenizer.eos_id)):

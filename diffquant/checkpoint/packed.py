@@ -29,6 +29,7 @@ from safetensors.torch import save
 from torch import nn
 
 from ..io import write_safetensors
+from ..kinds import ATTENTION_KINDS
 from ..model import build_model
 from ..quant.act import InputQuantLinear, QuantProbe
 from ..quant.api import iter_quantized, tie_packed
@@ -184,7 +185,7 @@ def load_quantized(path: str | Path, device: str | torch.device = "cpu", dtype: 
 
 
 def _has_attention_quantizers(model: nn.Module) -> bool:
-    return any(isinstance(m, QuantProbe) and m.kind.startswith("attn_") for m in model.modules())
+    return any(isinstance(m, QuantProbe) and m.kind in ATTENTION_KINDS for m in model.modules())
 
 
 def restore_quantized_(model: nn.Module, info: dict, tensors: dict[str, torch.Tensor], where: str = "") -> nn.Module:

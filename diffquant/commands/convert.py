@@ -13,10 +13,9 @@ import torch
 from ..checkpoint import atomic_folder, check_writable, load_checkpoint, save_checkpoint
 from ..checkpoint.hf import ARCHITECTURES, is_hf_folder, load_hf, save_hf
 from ..errors import UserError
-from ..tokenizer import Tokenizer, tokenizer_for
+from ..tokenizer import TOKENIZER_FILES, Tokenizer, tokenizer_for
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
 
 
 def register(sub) -> None:

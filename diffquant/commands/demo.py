@@ -19,7 +19,9 @@ from ..checkpoint import load_checkpoint
 from ..data import calib_dir, documents, encode_documents
 from ..errors import UserError
 from ..io import atomic_write_text
+from ..kinds import ATTN_LOGITS
 from ..profile import profile, token_batches
+from ..records import checkpoint_label
 from ..tables import outlier_table, ratio_table
 from ..tokenizer import tokenizer_for
 
@@ -69,14 +71,9 @@ def _profile(path, data: str, tokens: int, batch_size: int, seq_len: int = 256) 
     tok = tokenizer_for(path)
     seq_len = min(seq_len, model.config.max_seq_len)
     batches = token_batches(encode_documents(tok, documents(data)), seq_len, batch_size, tokens)
-    record = profile(model, batches, label=_label(path)).data
+    record = profile(model, batches, label=checkpoint_label(path)).data
     record.update(checkpoint=str(path), data=data, seq_len=seq_len)
     return record
-
-
-def _label(path) -> str:
-    p = Path(path)
-    return p.parent.name if p.name == "final" else p.stem
 
 
 def _outliers(args, out: Path, stories) -> dict:
@@ -103,14 +100,16 @@ def _outliers(args, out: Path, stories) -> dict:
 # -- 2 and 3. Figure 8 and friends ---------------------------------------------------------------------------
 
 def _degradation(args, out: Path, stories) -> dict:
-    from ..report import plot_degradation, read_records, render_report
+    from ..plots import plot_degradation
+    from ..records import read_records
+    from ..report import render_report
     from ..sweep import run_sweep
 
     records_path = out / "records.jsonl"
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     common = {"batch_size": args.batch_size}
     plan = [
-        ("attn_logits", (16, 8, 6, 4), {}),
+        (ATTN_LOGITS, (16, 8, 6, 4), {}),
         ("weights-rtn", (16, 8, 4), {}),
         ("weights-gptq", (16, 8, 4), {"calib_tokens": args.calib_tokens}),
         ("linear_inputs", (16, 8), {"granularity": "token"}),
@@ -124,13 +123,13 @@ def _degradation(args, out: Path, stories) -> dict:
         # its GGUF declares a 2048-token context: the same token budget as the pair means fewer windows
         windows = max(2, args.ppl_windows * 256 // load_checkpoint(stories).config.max_seq_len)
         for task, limit in (("tinystories", windows), ("hellaswag", args.limit)):
-            run_sweep([stories], records_path, "attn_logits", bits=(16, 8, 6, 4), tasks=[task], limit=limit,
+            run_sweep([stories], records_path, ATTN_LOGITS, bits=(16, 8, 6, 4), tasks=[task], limit=limit,
                       seed=0, **common)
     records = read_records(records_path)
     text = render_report(records, fmt="markdown")
     print(text)
     atomic_write_text(out / "degradation.md", text + "\n")
-    plot_degradation([r for r in records if r.get("target") in (None, "attn_logits")], out / "figure8.png")
+    plot_degradation([r for r in records if r.get("target") in (None, ATTN_LOGITS)], out / "figure8.png")
     return {"degradation_records": str(records_path)}
 
 
