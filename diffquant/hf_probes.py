@@ -37,10 +37,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .checkpoint import CheckpointError, check_capacity, load_checkpoint
+from .checkpoint import load_checkpoint
+from .checkpoint.files import CheckpointError, check_capacity
+from .checkpoint.hf import is_hf_folder, weight_files
 from .config import SIZE_LIMITS
 from .errors import first_line
-from .hf import is_hf_folder, weight_files
+from .kinds import ATTN_LOGITS, HIDDEN
 from .probes import Probe
 
 log = logging.getLogger(__name__)
@@ -219,7 +221,7 @@ class HFConfig:
 class _AttnProbes(nn.Module):
     def __init__(self):
         super().__init__()
-        self.logits = Probe("attn_logits")
+        self.logits = Probe(ATTN_LOGITS)
 
 
 class _LayerProbes(nn.Module):
@@ -227,7 +229,7 @@ class _LayerProbes(nn.Module):
         super().__init__()
         if with_logits:
             self.attn = _AttnProbes()
-        self.out = Probe("hidden")
+        self.out = Probe(HIDDEN)
 
 
 class HFProbed(nn.Module):

@@ -74,7 +74,7 @@ def _device_map(value: str | dict) -> str | dict:
 def load_dispatched(path: str | Path, device_map: str | dict = "auto", max_memory: dict | None = None,
                     offload_folder: str | Path | None = None, dtype: torch.dtype = torch.float32) -> nn.Module:
     """An HF causal LM folder dispatched by accelerate over GPUs, CPU memory and disk, wrapped in ``HFProbed``."""
-    from .hf import is_hf_folder
+    from .checkpoint.hf import is_hf_folder
     from .hf_probes import HFProbed, load_hf_model
 
     if not (Path(path).is_dir() and is_hf_folder(path)):

@@ -20,14 +20,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-log = logging.getLogger(__name__)
+from .kinds import ATTENTION_KINDS, CAUSAL_KINDS, KINDS  # noqa: F401  (ATTENTION_KINDS: re-exported)
 
-# Attention maps (query x key, causally masked): logits, softmax probabilities, Diff's λ-combined map, and the
-# clipped arm's probabilities after the clip.
-CAUSAL_KINDS = ("attn_logits", "attn_probs", "attn_diff", "attn_clipped")
-# Every probe inside attention: the maps, rotated queries and keys, and the gated arm's sigmoid gate.
-ATTENTION_KINDS = ("attn_q", "attn_k", *CAUSAL_KINDS, "attn_gate")
-KINDS = (*ATTENTION_KINDS, "mlp_act", "hidden")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

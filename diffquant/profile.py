@@ -25,14 +25,15 @@ from tqdm import tqdm
 from . import distributed
 from .dispatch import input_device
 from .io import atomic_write_text
-from .probes import ATTENTION_KINDS, CAUSAL_KINDS, Probe, ProbeCall, hooked, probes
+from .kinds import ATTENTION_KINDS, ATTN_LOGITS, CAUSAL_KINDS, HIDDEN, TOKEN_KINDS
+from .probes import Probe, ProbeCall, hooked, probes
 from .stats import ExactPass, Quantiles, SiteStats
 from .tables import TABLE5_RANKS, outlier_table
 
 log = logging.getLogger(__name__)
 
 PROTOCOLS = ("global", "per_sequence")
-DEFAULT_SITES = ("attn_logits", "hidden")
+DEFAULT_SITES = (ATTN_LOGITS, HIDDEN)
 ATTN_SITES = ATTENTION_KINDS
 
 
@@ -92,7 +93,7 @@ class _Profiler:
         self._seq_stats: dict[str, list[SiteStats]] | None = None
 
     def _new_stats(self, probe: Probe, topk: int | None = None) -> SiteStats:
-        channel_dim = -1 if probe.kind in ("hidden", "mlp_act") else None
+        channel_dim = -1 if probe.kind in TOKEN_KINDS else None
         return SiteStats(topk=topk or self.topk, exact_median=self.exact_median, channel_dim=channel_dim)
 
     def hook(self, name: str, probe: Probe, x: torch.Tensor, call: ProbeCall) -> None:
@@ -286,7 +287,7 @@ def _locate(kind: str, value: float, coords: list[int], layer: int, call: tuple[
         if len(coords) == 5:
             loc["map"] = coords[2]  # 0 = Q1K1ᵀ, 1 = Q2K2ᵀ
         loc["query"], loc["key"] = q_offset + coords[-2], coords[-1]
-    elif kind in ("hidden", "mlp_act"):
+    elif kind in TOKEN_KINDS:
         loc["position"], loc["channel"] = coords[1], coords[2]
         if ids is not None:
             loc["token_id"] = int(ids[loc["sequence"], loc["position"]])

@@ -15,7 +15,7 @@ import diffquant as dq
 from diffquant import distributed
 from diffquant.cli import main
 from diffquant.data import documents
-from diffquant.report import read_records
+from diffquant.records import read_records
 from diffquant.sweep import run_sweep
 
 from .conftest import tiny_config

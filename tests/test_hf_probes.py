@@ -20,10 +20,10 @@ from transformers import (
 )
 
 from diffquant import build_model, hooked, load_checkpoint, probes
+from diffquant.checkpoint.gguf import stories260k_path
+from diffquant.checkpoint.hf import save_hf, to_hf_model
 from diffquant.cli import main
 from diffquant.data import encode_documents, load_documents
-from diffquant.gguf import stories260k_path
-from diffquant.hf import save_hf, to_hf_model
 from diffquant.hf_probes import HFProbed, load_for_profiling
 from diffquant.profile import profile, token_batches
 from diffquant.tokenizer import default_tokenizer_path, tokenizer_for

@@ -6,12 +6,12 @@ import pytest
 import torch
 
 import diffquant as dq
+from diffquant.checkpoint.hf import save_hf
 from diffquant.cli import main
 from diffquant.data import documents
 from diffquant.dispatch import input_device, is_offloaded
 from diffquant.errors import UserError
 from diffquant.evaluate import rolling_perplexity
-from diffquant.hf import save_hf
 from diffquant.hf_probes import HFProbed, load_hf_model
 from diffquant.offload import for_rank, load_dispatched, parse_max_memory
 from diffquant.quant import ActQuant, QuantConfig, WeightQuant
@@ -111,7 +111,7 @@ def test_cli_profile_with_device_map(folder, tmp_path, capsys):
 
 
 def test_sweep_with_offload_equals_sweep_in_memory(folder, tmp_path):
-    from diffquant.report import read_records
+    from diffquant.records import read_records
     from diffquant.sweep import run_sweep
 
     path, size = folder

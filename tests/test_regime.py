@@ -7,6 +7,7 @@ import random
 import pytest
 
 from diffquant import regime
+from diffquant.kinds import SEQUENCE
 from diffquant.report import Comparison
 
 
@@ -38,7 +39,7 @@ def test_the_gate_needs_both_a_large_logit_and_a_doubling_perplexity(monkeypatch
     res = regime.verdict(PAIR, table5({"transformer": t_top1, "diff": 50.0, "gated": 25.0},
                                       {"transformer": 40.0, "diff": 10.0, "gated": 80.0}), records)
     assert res["gate"] is gate
-    assert res["ppl_growth_4bit"]["transformer"]["tensor"] == pytest.approx(t_growth)
+    assert res["ppl_growth_4bit"]["transformer"][SEQUENCE] == pytest.approx(t_growth)
     assert res["versus"]["diff"]["logit_ratio"] == pytest.approx(t_top1 / 50.0)
     assert res["versus"]["gated"]["hidden_ratio"] == pytest.approx(0.5)
 

@@ -10,13 +10,12 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import atomic_dir, load_checkpoint, save_checkpoint
+from ..checkpoint import atomic_folder, check_writable, load_checkpoint, save_checkpoint
+from ..checkpoint.hf import ARCHITECTURES, is_hf_folder, load_hf, save_hf
 from ..errors import UserError
-from ..hf import ARCHITECTURES, is_hf_folder, load_hf, save_hf
-from ..tokenizer import Tokenizer, tokenizer_for
+from ..tokenizer import TOKENIZER_FILES, Tokenizer, tokenizer_for
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
 
 
 def register(sub) -> None:
@@ -34,8 +33,7 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not args.overwrite:
-        raise UserError(f"{out} exists and is not empty; pass --overwrite to replace it")
+    check_writable(out, args.overwrite, hint="pass --overwrite to replace it")  # before the conversion's work
     dtype = DTYPES[args.dtype] if args.dtype else None
     summary = _to_hf(args, out, dtype) if args.to else _from_hf(args, out, dtype)
     print(json.dumps(summary))
@@ -52,7 +50,7 @@ def _to_hf(args, out: Path, dtype) -> dict:
         print(f"diffquant: note: {tok.path} ({tok.vocab_size} tokens) does not fit the model's vocabulary "
               f"({model.config.vocab_size}); no tokenizer written", file=sys.stderr)
         tok = None
-    save_hf(model, out, tokenizer=tok, overwrite=True, dtype=dtype)
+    save_hf(model, out, tokenizer=tok, overwrite=args.overwrite, dtype=dtype)
     return {"source": str(args.source), "out": str(out), "format": "hf",
             "architecture": ARCHITECTURES[model.config.arch][1], "tokenizer": tok is not None}
 
@@ -62,7 +60,7 @@ def _from_hf(args, out: Path, dtype) -> dict:
     if not (src.is_dir() and is_hf_folder(src)):
         raise UserError(f"{src} is not a Hugging Face model folder (config.json with model_type)")
     model = load_hf(src)
-    with atomic_dir(out) as tmp:
+    with atomic_folder(out, args.overwrite) as tmp:
         save_checkpoint(model, tmp, dtype=dtype)
         copied = [name for name in TOKENIZER_FILES if (src / name).is_file()]
         for name in copied:  # tokenizer_for(out) then finds the model's own tokenizer

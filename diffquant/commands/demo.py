@@ -27,6 +27,7 @@ from ..corpus import heldout_ids
 from ..data import calib_dir
 from ..errors import UserError
 from ..io import atomic_write_text
+from ..kinds import ATTN_LOGITS
 from ..profile import profile, token_batches
 from ..regime import GRANULARITIES, gate_table, profile_pair, sites_table, sweep_pair, verdict
 from ..tables import outlier_table, ratio_table
@@ -135,7 +136,9 @@ def _outliers(args, out: Path, pair: dict, stories) -> dict[str, dict]:
 # -- Figure 8 and friends ---------------------------------------------------------------------------------------
 
 def _degradation(args, out: Path, pair: dict, stories, tasks: dict[str, int]) -> list[dict]:
-    from ..report import plot_degradation, read_records, render_report
+    from ..plots import plot_degradation
+    from ..records import read_records
+    from ..report import render_report
     from ..sweep import run_sweep
 
     path = out / "records.jsonl"
@@ -150,13 +153,13 @@ def _degradation(args, out: Path, pair: dict, stories, tasks: dict[str, int]) ->
                   batch_size=args.batch_size, progress=False, **extra)
     if stories is not None:  # windows span its declared context (2048): the pair's token budget, fewer windows
         windows = max(2, tasks[main_task] * _seq_len(checkpoints[0]) // load_checkpoint(stories).config.max_seq_len)
-        run_sweep([stories], path, "attn_logits", bits=(16, 8, 6, 4), tasks=[main_task], limit=windows,
+        run_sweep([stories], path, ATTN_LOGITS, bits=(16, 8, 6, 4), tasks=[main_task], limit=windows,
                   batch_size=args.batch_size, progress=False)
     records = read_records(path)
     text = render_report(records, fmt="markdown")
     print(text)
     atomic_write_text(out / "degradation.md", text + "\n")
-    plot_degradation([r for r in records if r.get("target") in (None, "attn_logits")], out / "figure8.png")
+    plot_degradation([r for r in records if r.get("target") in (None, ATTN_LOGITS)], out / "figure8.png")
     return records
 
 

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from .. import distributed
-from ..checkpoint import read_metadata, training_context
+from ..checkpoint import WEIGHTS_FILE, read_metadata, training_context
 from ..cliargs import hist_plot_path
 from ..data import documents, encode_documents
 from ..errors import UserError
@@ -15,6 +15,7 @@ from ..io import atomic_write_text
 from ..offload import add_arguments as add_dispatch_arguments
 from ..offload import dispatch_options, load_dispatched
 from ..profile import DEFAULT_SITES, PROTOCOLS, profile, token_batches
+from ..records import checkpoint_label
 from ..tables import FORMATS, outlier_table, ratio_table
 from ..tokenizer import Tokenizer, tokenizer_for
 from . import nonfinite_exit
@@ -59,11 +60,11 @@ def profile_checkpoint(path: str, args, tokenizer: Tokenizer | None = None) -> d
     batches = token_batches(ids, seq_len, args.batch_size, args.tokens)
     sites = tuple(s.strip() for s in args.sites.split(",") if s.strip())
     report = profile(model, batches, sites=sites, topk=args.topk, protocol=args.protocol,
-                     exact_median=args.exact_median, chunk=args.chunk, label=_label(path))
+                     exact_median=args.exact_median, chunk=args.chunk, label=checkpoint_label(path))
     record = report.data
     record.update(checkpoint=str(path), data=str(args.data), seq_len=seq_len, seq_len_source=source,
                   tokens_requested=args.tokens)
-    meta = read_metadata(path) if (Path(path) / "model.safetensors").is_file() else {}
+    meta = read_metadata(path) if (Path(path) / WEIGHTS_FILE).is_file() else {}
     record["train_tokens"] = int(meta["tokens"]) if "tokens" in meta else None
     return record
 
@@ -90,18 +91,8 @@ def windows_caption(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _label(path: str) -> str:
-    """``run/final`` -> ``run``; ``run/snapshots/step000127`` -> ``run@step000127``; else the file or folder name."""
-    p = Path(path)
-    if p.name == "final":
-        return p.parent.name
-    if p.name.startswith("step") and p.parent.name == "snapshots":
-        return f"{p.parent.parent.name}@{p.name}"
-    return p.stem
-
-
 def run(args) -> int:
-    labels = [_label(path) for path in args.checkpoints]
+    labels = [checkpoint_label(path) for path in args.checkpoints]
     if len(set(labels)) < len(labels):
         raise UserError("two checkpoints have the same label; give them distinct folder names")
     records = [profile_checkpoint(path, args) for path in args.checkpoints]

@@ -20,8 +20,8 @@ def register(sub) -> None:
     p.add_argument("--bits", type=int, nargs="+", default=[16, 8, 6, 4],
                    help="bit widths; 16 = the unquantized model (default: 16 8 6 4)")
     p.add_argument("--granularity", default=None,
-                   help="activation targets: tensor (per sequence, default) | head | head_map (per head and Diff "
-                        "map) | row | token")
+                   help="activation targets: sequence (one scale per sequence, default; old name tensor) | head | "
+                        "head_map (per head and Diff map) | row | token")
     p.add_argument("--group-size", type=int, default=None,
                    help="weight targets: input columns per scale (default: one scale per output channel)")
     p.add_argument("--tasks", required=True,
@@ -51,7 +51,8 @@ def register(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from ..report import load_records, render_report
+    from ..records import load_records
+    from ..report import render_report
     from ..sweep import run_sweep
 
     if args.threads:

@@ -9,7 +9,7 @@ models and on Hugging Face models:
 * probes (logits, probs, qk, hidden): every ``Probe`` of the configured kinds (diffquant models only).
 
 Everything is installed by module swap (see ``act.py`` / ``linear.py``); the config is recorded on the model
-as ``model.quant_config`` and every swapped module knows its own scheme, which ``packed.py`` saves.
+as ``model.quant_config`` and every swapped module knows its own scheme, which ``diffquant/checkpoint/packed.py`` saves.
 """
 
 from __future__ import annotations
@@ -22,9 +22,10 @@ import torch
 from torch import nn
 
 from diffquant.dispatch import place_like, resident
+from diffquant.kinds import ATTENTION_KINDS
 from diffquant.probes import probes
 from diffquant.quant.act import InputQuantLinear, QuantProbe
-from diffquant.quant.config import HEAD_GRANULARITIES, QuantConfig, WeightQuant
+from diffquant.quant.config import PER_SEQUENCE_GRANULARITIES, QuantConfig, WeightQuant
 from diffquant.quant.gptq import gptq_quantize_
 from diffquant.quant.linear import QuantEmbedding, QuantLinear, _PackedWeight
 from diffquant.quant.rtn import rtn_codes
@@ -138,7 +139,7 @@ def _check_before_changes(model, config: QuantConfig, linears, embeddings, batch
     if missing:
         raise ValueError(f"the model has no {', '.join(missing)} probes (only diffquant models expose them)")
     chunked = any(getattr(m, "chunk", None) for m in model.modules())
-    coarse = any(a.granularity in ("tensor", *HEAD_GRANULARITIES) for k, a in targets.items() if k.startswith("attn_"))
+    coarse = any(a.granularity in PER_SEQUENCE_GRANULARITIES for k, a in targets.items() if k in ATTENTION_KINDS)
     if chunked and coarse:
         raise ValueError("per-tensor/per-head attention quantization needs unchunked eager attention "
                          "(set_attn_impl('eager', chunk=None)) or granularity 'row'")

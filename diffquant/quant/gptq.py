@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 
 from diffquant.dispatch import input_device, place_like, resident
 from diffquant.quant.linear import QuantLinear
-from diffquant.quant.numerics import PerAxis, code_range, quantize
+from diffquant.quant.numerics import PerAxis, code_range, quantize_tensor
 from diffquant.quant.rtn import check_grid, full_grid_params, rtn_codes, weight_granularity
 
 log = logging.getLogger(__name__)
@@ -141,7 +141,7 @@ def _group_params(W, W1, i1, i2, members, bits, symmetric, full):
     vals[:, inside] = W1[:, members[inside] - i1]
     if full:
         return full_grid_params(vals, bits)
-    _, s, z, _ = quantize(vals, bits, PerAxis((0,)), symmetric)
+    _, s, z, _ = quantize_tensor(vals, bits, PerAxis((0,)), symmetric)
     return s[:, 0], None if z is None else z[:, 0].to(vals.dtype)
 
 
