@@ -28,13 +28,13 @@ def test_demo_writes_tables_records_and_plots(tmp_path, capsys):
     assert outliers["diff"]["sites"]["attn_logits"]["count"] > 0
     records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
     assert {r["target"] for r in records} == {None, "attn_logits", "weights-rtn", "weights-gptq", "linear_inputs"}
-    assert {r["granularity"] for r in records if r["target"] == "attn_logits"} == {"tensor", "head", "head_map"}
+    assert {r["granularity"] for r in records if r["target"] == "attn_logits"} == {"sequence", "head", "head_map"}
     assert {r["task"] for r in records} == {"tinystories", "test"}
     summary = json.loads((out / "summary.json").read_text())
     tr_top1 = outliers["transformer"]["sites"]["attn_logits"]["top"][0]
     assert summary["verdict"]["logit_top1"]["transformer"] == tr_top1
     assert summary["verdict"]["gate"] == (tr_top1 >= 100 and summary["verdict"]["ppl_growth_4bit"]["transformer"][
-        "tensor"] >= 2)  # random tiny models: the gate is computed, whichever way it falls
+        "sequence"] >= 2)  # random tiny models: the gate is computed, whichever way it falls
     for name in ("outliers.md", "outliers-layers.png", "outliers-hist.png", "degradation.md", "figure8.png",
                  "gate.md", "summary.json"):
         assert (out / name).stat().st_size > 0
