@@ -262,12 +262,15 @@ def figure8_text(results: list[dict], sweep_path) -> str:
 
 
 def plot_trend(table5: dict[str, dict], results: list[dict], path: Path) -> None:
-    """Top-1 / median against training tokens, one line per (size, seed, arm), cooled pairs only."""
+    """Top-1 / median against training tokens, one line per (run, arm), cooled pairs only. A pair's ``run``
+    names the training run its budgets branch from (default: size and seed), so runs at different learning
+    rates or on different data are never joined into one line."""
     series: dict[str, list[dict]] = {}
     for r in results:
         if r.get("cooled"):
             for arch in r["checkpoints"]:
-                series.setdefault(f"{r['preset']}-s{r['seed']} {arch}", []).append(table5[r["pair"]][arch])
+                run = r.get("run", f"{r['preset']}-s{r['seed']}")
+                series.setdefault(f"{run} {arch}", []).append(table5[r["pair"]][arch])
     if series:
         plot_over_training(series, path)
 

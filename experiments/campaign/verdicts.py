@@ -50,7 +50,8 @@ def short_pairs(lr: str = "1e-2", roots=SHORT_ROOTS, name: str = "xs", corpus: s
                  if ((final := root / f"{arch}-lr{lr}-s{seed}" / "final") / "model.safetensors").is_file()}
         if "transformer" in ckpts and len(ckpts) > 1:
             budget = f"{tokens_label(SHORT_TOKENS)} @ lr {lr}{corpus}"
-            pairs.append({"pair": f"{name}-lr{lr}-s{seed}", "preset": "xs", "seed": seed, "budget": budget,
+            pairs.append({"pair": f"{name}-lr{lr}-s{seed}", "run": f"{name}-lr{lr}-s{seed}", "preset": "xs",
+                          "seed": seed, "budget": budget,
                           "tokens": SHORT_TOKENS, "cooled": True, "checkpoints": ckpts})
     return pairs
 
@@ -69,8 +70,8 @@ def long_pairs() -> list[dict]:
         if len(ckpts) > 1:
             tokens = json.loads((final.parent / "train_log.json").read_text())["tokens_seen"]
             label = f"{tokens_label(tokens)} @ lr 3e-3"
-            pairs.append({"pair": f"xs-lr3e-3-s0-{tokens_label(tokens)}", "preset": "xs", "seed": 0,
-                          "budget": label, "tokens": tokens, "cooled": True, "checkpoints": ckpts})
+            pairs.append({"pair": f"xs-lr3e-3-s0-{tokens_label(tokens)}", "run": "xs-lr3e-3-s0", "preset": "xs",
+                          "seed": 0, "budget": label, "tokens": tokens, "cooled": True, "checkpoints": ckpts})
     return pairs
 
 
