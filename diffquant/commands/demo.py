@@ -1,8 +1,10 @@
 """`diffquant demo`: the main job on the shipped gated pair, in a few minutes on two CPU cores.
 
-The shipped pair is an xs Transformer/Diff pair trained with identical data order on the teacher corpus until
-the Transformer is in the outlier regime (experiments/RESULTS.md, "Outlier regime"); its training logs sit
-beside the checkpoints. On the real TinyStories held-out text (and the held-out books):
+The shipped pair is the long xs Transformer/Diff pair of the outlier-regime campaign (experiments/RESULTS.md):
+stories260K's shape, trained with identical data order on the teacher corpus at lr 3e-3 for 33.6M tokens, then
+cooled for 8.4M more (41.9M), where the Transformer is in the outlier regime and Diff's λ stays in its range.
+Its training log (configs, data sha256s, every loss, the outlier log) sits beside each checkpoint. On the real
+TinyStories held-out text (and the held-out books):
 
 1. The gate: the Transformer's attention-logit top-1 ≥ 100 and 4-bit per-sequence logits at least doubling its
    perplexity — without it no verdict below counts.
@@ -36,8 +38,8 @@ from ..tokenizer import tokenizer_for
 log = logging.getLogger(__name__)
 
 REPO = Path(__file__).resolve().parents[2]
-RUNS = REPO / "experiments/lr_sweep/runs"
-PAIR = (RUNS / "transformer-lr1e-2-s0/final", RUNS / "diff-lr1e-2-s0/final")
+COOLED = REPO / "experiments/campaign/long/xs-lr3e-3-s0/cooldown"
+PAIR = (COOLED / "transformer-step004096/final", COOLED / "diff-step004096/final")
 STORIES = "models/stories260K.gguf"  # under calib/
 PPL_TASKS = ("tinystories", "test")  # real TinyStories held-out text, held-out books
 
@@ -63,7 +65,7 @@ def run(args) -> int:
     out = Path(args.out)
     for path in args.pair:
         if not Path(path).exists():
-            raise UserError(f"model {path} not found (the shipped pair lives in {RUNS.relative_to(REPO)}/)")
+            raise UserError(f"model {path} not found (the shipped pair lives in {COOLED.relative_to(REPO)}/)")
     pair = _pair(args.pair)
     out.mkdir(parents=True, exist_ok=True)
     stories = None if args.no_stories else calib_dir() / STORIES
