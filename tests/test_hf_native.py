@@ -18,6 +18,7 @@ from transformers import (
     Qwen2Config,
 )
 
+from diffquant import probes
 from diffquant.cli import main
 from diffquant.data import load_documents
 from diffquant.hf_native import is_native_hf, load_native
@@ -124,6 +125,8 @@ def test_logits_at_16_bits_equal_the_unquantized_model_and_4_bits_change_it(tmp_
         plain = model(x)
         assert torch.equal(quantize(model, QuantConfig(logits=ActQuant(16))).forward(x), plain)
         four = quantize(model, QuantConfig(logits=ActQuant(4)))
+        window = 16 if family == "mistral" else None  # the quantizer's scale sees the window's logits only
+        assert probes(four, "attn_logits")["layers.0.attn.logits"].window == window
         assert (four(x) - plain).abs().max() > 1e-3
         assert torch.equal(model(x), plain)  # quantize() left the float model alone
 
