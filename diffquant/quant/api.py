@@ -175,7 +175,8 @@ def _check_before_changes(model, config: QuantConfig, linears, embeddings, batch
     found = {p.kind for p in probes(model).values()}
     missing = sorted(set(targets) - found)
     if missing:
-        raise ValueError(f"the model has no {', '.join(missing)} probes (diffquant models expose every kind; HFProbed hidden and, where probed, attn_logits)")
+        raise ValueError(f"the model has no {', '.join(missing)} probes (diffquant models have every kind; "
+                         "HFProbed hidden and, where probed, attn_logits)")
     chunked = any(getattr(m, "chunk", None) for m in model.modules())
     coarse = any(a.granularity in PER_SEQUENCE_GRANULARITIES for k, a in targets.items() if k in ATTENTION_KINDS)
     if chunked and coarse:
