@@ -95,11 +95,12 @@ def save_dequantized(model: HFProbed, out: str | Path, conv1d: set[str], note: d
     """Write ``model`` (weight-quantized) as an HF folder with dequantized weights plus ``diffquant_quant.json``
     (and ``extra_files``, name -> source file: the tokenizer)."""
     from .quant.api import iter_quantized
-    from .quant.linear import QuantLinear
+    from .quant.linear import QuantEmbedding, QuantLinear
 
     hf = model.hf
     quantized = [(n.removeprefix("hf."), m) for n, m in iter_quantized(model)]
-    if any(not isinstance(m, QuantLinear) or m.act is not None for _, m in quantized):
+    if any(not isinstance(m, (QuantLinear, QuantEmbedding)) or getattr(m, "act", None) is not None
+           for _, m in quantized):
         raise UserError("--out on an HF folder holds weight quantization only (RTN/GPTQ): activation and logit "
                         "quantizers live in memory; use `diffquant sweep` for them")
     for name, module in quantized:
@@ -115,8 +116,10 @@ def save_dequantized(model: HFProbed, out: str | Path, conv1d: set[str], note: d
 
 
 def _dequantized(module, conv1d: bool) -> nn.Module:
-    """A float ``nn.Linear`` (or Conv1D, weight [in, out]) holding ``module``'s dequantized weight."""
+    """A float ``nn.Linear`` (Conv1D, weight [in, out]; ``nn.Embedding``) holding ``module``'s dequantized weight."""
     weight = module.dequantized_weight(torch.float32)
+    if not hasattr(module, "in_features"):  # QuantEmbedding (--embeddings)
+        return nn.Embedding.from_pretrained(weight.clone(), freeze=False)
     bias = module.bias
     if conv1d:
         from transformers.pytorch_utils import Conv1D

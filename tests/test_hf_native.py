@@ -169,5 +169,11 @@ def test_quantize_out_writes_a_float_hf_folder_with_dequantized_weights(tmp_path
         reloaded.set_attn_implementation("eager")
         torch.testing.assert_close(reloaded(x).logits, ours(x), rtol=1e-5, atol=1e-5)
     capsys.readouterr()
+    assert main(["quantize", str(folder), "--weights", "rtn", "--bits", "8", "--embeddings", "--out",
+                 str(tmp_path / "e")]) == 0
+    emb = AutoModelForCausalLM.from_pretrained(tmp_path / "e", local_files_only=True).transformer.wte.weight
+    ref = quantize(load_native(folder), QuantConfig(weights=WeightQuant("rtn", 8, embeddings=True)))
+    torch.testing.assert_close(emb, ref.hf.transformer.wte.dequantized_weight(torch.float32))
+    capsys.readouterr()
     assert main(["quantize", str(folder), "--act-bits", "8", "--out", str(tmp_path / "a")]) != 0
     assert "weight quantization only" in _one_error_line(capsys)
