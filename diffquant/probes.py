@@ -36,8 +36,11 @@ class Probe(nn.Identity):
     """An identity module marking a named tensor in the forward pass.
 
     ``kind`` is one of ``KINDS``; ``causal`` tells that the last two dims are (query, key) positions under a
-    causal mask, so observers and quantizers must ignore the entries above the diagonal.
+    causal mask, so observers and quantizers must ignore the entries above the diagonal; ``window`` (None: no
+    window) narrows that mask to the last ``window`` keys of each query, as a sliding-window attention sees them.
     """
+
+    window: int | None = None
 
     def __init__(self, kind: str):
         super().__init__()
@@ -56,7 +59,10 @@ class Probe(nn.Identity):
         t, s = x.shape[-2], x.shape[-1]
         q_pos = torch.arange(q_offset, q_offset + t, device=x.device)[:, None]
         k_pos = torch.arange(s, device=x.device)[None, :]
-        return (k_pos <= q_pos).view((1,) * (x.ndim - 2) + (t, s))
+        keep = k_pos <= q_pos
+        if self.window is not None:
+            keep = keep & (k_pos > q_pos - self.window)  # HF's sliding_window_overlay
+        return keep.view((1,) * (x.ndim - 2) + (t, s))
 
     def extra_repr(self) -> str:
         return f"kind={self.kind!r}"

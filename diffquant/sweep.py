@@ -47,6 +47,7 @@ from .evaluate import (
     model_max_len,
     perplexity_metrics,
 )
+from .hf_native import check_native, is_native_hf, load_native
 from .io import locked_append
 from .kinds import ATTN_LOGITS, ATTN_PROBS, HIDDEN, SEQUENCE, canonical_granularity
 from .quant import ActQuant, QuantConfig, WeightQuant, quantize
@@ -293,6 +294,9 @@ def check_checkpoint(path: str, scheme: Scheme) -> None:
     """A float checkpoint whose config admits the scheme, read without loading a model."""
     if checkpoint_format(path) == "packed":
         raise ValueError(f"{path} is already quantized; sweep its float checkpoint")
+    if is_native_hf(path):  # any other HF causal LM: quantized through HFProbed
+        check_native(path, scheme.config(4).probe_targets(), scheme.group_size)
+        return
     cfg = read_model_config(path)
     if scheme.group_size is not None:
         widths = sorted({cfg.d_model, cfg.q_dim, cfg.ffn_dim})
@@ -326,6 +330,8 @@ def _sweep_checkpoint(ckpt: _Checkpoint, scheme: Scheme, data: dict, settings: d
         from .offload import load_dispatched
 
         model = load_dispatched(ckpt.path, **settings["dispatch"])
+    elif is_native_hf(ckpt.path):
+        model = load_native(ckpt.path, device)
     else:
         model = load_checkpoint(ckpt.path, device=device, attn_impl=settings["attn_impl"])
     tokenizer = tokenizer_for(ckpt.path)

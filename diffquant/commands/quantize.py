@@ -54,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
     from ..calibration import gptq_calibration
     from ..checkpoint import check_writable, load_checkpoint, save_quantized
     from ..checkpoint.packed import fp16_file_bytes
+    from ..hf_native import is_native_hf
     from ..quant import ActQuant, QuantConfig, WeightQuant, quantize_
 
     source, out = Path(args.checkpoint), Path(args.out)  # the CLI refused an --out over, in or around the source
@@ -72,6 +73,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--bits/--group-size need --weights rtn|gptq")
     if config == QuantConfig():
         raise UserError("nothing to quantize: give --weights, --act-bits or --logit-bits")
+    if is_native_hf(source):
+        return _run_native(args, source, out, config)
     model = load_checkpoint(source)
     fp16_bytes = fp16_file_bytes(model)  # the float baseline, measured before quantizing in place
     start = time.perf_counter()
@@ -85,6 +88,35 @@ def run(args: argparse.Namespace) -> int:
     save_quantized(model.eval(), out, overwrite=args.overwrite, dtype=getattr(torch, args.dtype), extra_files=extra,
                    metadata={"source": str(source), "command": "diffquant " + " ".join(args.argv)})
     print(json.dumps(_summary(source, out, config, fp16_bytes, calib_info, seconds), indent=2))
+    return 0
+
+
+def _run_native(args: argparse.Namespace, source: Path, out: Path, config) -> int:
+    """An HF folder that does not convert to ours: quantized through HFProbed, written as a float HF folder with
+    the dequantized weights (see :mod:`diffquant.hf_native`)."""
+    from ..calibration import gptq_calibration
+    from ..hf_native import check_native, conv1d_names, load_native, save_dequantized
+    from ..quant import quantize_
+
+    check_native(source, config.probe_targets(), args.group_size)
+    if config.activations is not None or config.logits is not None:
+        raise UserError(f"{source} is an HF folder: --out holds weight quantization only (a float HF folder with "
+                        "the dequantized weights); sweep activation and logit quantization with `diffquant sweep`")
+    model = load_native(source)
+    conv1d = conv1d_names(model.hf)
+    start = time.perf_counter()
+    calib, calib_info = None, {}
+    if args.weights == "gptq":
+        calib, calib_info, _ = gptq_calibration(source, model, args.calib_tokens, args.calib_seq_len, args.seed,
+                                                args.tokenizer)
+    quantize_(model, config, calib=calib)
+    seconds = time.perf_counter() - start
+    note = {"source": str(source), "command": "diffquant " + " ".join(args.argv), "quant_config": config.to_dict(),
+            "format": "float HF folder, dequantized weights"}
+    save_dequantized(model, out, conv1d, note, overwrite=args.overwrite, extra_files=_tokenizer_files(source, None))
+    summary = {"source": str(source), "out": str(out), "quant_config": config.to_dict(),
+               "format": "hf-dequantized", "seconds": round(seconds, 2), "calibration": calib_info or None}
+    print(json.dumps(summary, indent=2))
     return 0
 
 

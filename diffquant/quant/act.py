@@ -75,7 +75,9 @@ class QuantProbe(Probe):
 
     @classmethod
     def from_probe(cls, probe: Probe, act: ActQuant) -> "QuantProbe":
-        return cls(probe.kind, act)
+        quant = cls(probe.kind, act)
+        quant.window = probe.window
+        return quant
 
     def forward(self, x: torch.Tensor, q_offset: int = 0) -> torch.Tensor:
         if q_offset and self.causal and self.act.granularity in PER_SEQUENCE_GRANULARITIES:
