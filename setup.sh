@@ -10,7 +10,7 @@ VENV=${DIFFQUANT_VENV:-.venv}
 # torch first and pinned: the CPU build lies on disk; an unpinned torch would pull a multi-GB CUDA build.
 "$VENV/bin/python" -m pip install -q torch==2.13.0
 # lmeval: lm-evaluation-harness, for the adapter and its tests (adds datasets, pandas, ...; torch is untouched)
-"$VENV/bin/python" -m pip install -q -e '.[dev,bnb,lmeval]'
+"$VENV/bin/python" -m pip install -q -e '.[dev,bnb,big,lmeval]'
 if [ "${1:-}" != "--no-demo" ]; then
     "$VENV/bin/diffquant" demo
 fi

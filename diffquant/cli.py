@@ -15,7 +15,7 @@ import logging
 import pkgutil
 import sys
 
-from . import commands
+from . import commands, distributed
 from .cliargs import check_numbers, path_roles
 from .errors import UserError, first_line
 from .io import refuse_overlap
@@ -61,23 +61,28 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     args.argv = list(sys.argv[1:] if argv is None else argv)
+    say = _say if distributed.launch_rank() == 0 or args.verbose else lambda _: None  # one line per run, not per rank
     try:
         refuse_overlap(*path_roles(args))
-        return args.func(args)
+        with distributed.session():  # torchrun / accelerate launch: join the process group
+            return args.func(args)
     except INPUT_ERRORS as exc:
         if args.verbose:
             raise
-        print(f"diffquant: error: {first_line(exc)}", file=sys.stderr)
+        say(f"diffquant: error: {first_line(exc)}")
         return EXIT_USAGE
     except KeyboardInterrupt:
-        print("diffquant: interrupted", file=sys.stderr)
+        say("diffquant: interrupted")
         return 130
     except Exception as exc:  # the last resort: one line, never a traceback unless asked
         if args.verbose:
             raise
-        print(f"diffquant: internal error: {type(exc).__name__}: {first_line(exc)} "
-              "(rerun with -v for the traceback)", file=sys.stderr)
+        say(f"diffquant: internal error: {type(exc).__name__}: {first_line(exc)} (rerun with -v for the traceback)")
         return EXIT_INTERNAL
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -33,10 +33,10 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-from .checkpoint import WEIGHTS_FILE, CheckpointError
+from .checkpoint import WEIGHTS_FILE, CheckpointError, atomic_folder
+from .checkpoint.hf import ARCHITECTURES, SIDECAR_FILE, _row_maps, save_hf
 from .exports import IntWeight, block_int_weights, check_weight_only, dequantized_copy, exactly_in
-from .hf import ARCHITECTURES, SIDECAR_FILE, _row_maps, save_hf
-from .io import atomic_dir, read_json_file, write_safetensors
+from .io import read_json_file, write_safetensors
 from .model import LM
 
 log = logging.getLogger(__name__)
@@ -139,11 +139,7 @@ def save_compressed(model: LM, path: str | Path, tokenizer=None, overwrite: bool
         schemes[hf_name] = _args(w)
     ignore = ["lm_head"] + [hf_linear_name(n) for n in dense]
     path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise CheckpointError(f"{path} exists and is not a folder")
-    if path.is_dir() and any(path.iterdir()) and not overwrite:
-        raise CheckpointError(f"{path} is not empty; pass overwrite=True to replace it")
-    with atomic_dir(path) as tmp:
+    with atomic_folder(path, overwrite) as tmp:
         tensors = _float_hf_into(tmp, float_model, tokenizer, dtype)
         kept = {k: v for k, v in tensors.items() if k.removesuffix(".weight") not in schemes}
         write_safetensors({**kept, **quantized}, tmp / WEIGHTS_FILE, metadata={"format": "pt"})

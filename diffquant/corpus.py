@@ -18,11 +18,12 @@ import numpy as np
 
 from .data import load_documents
 from .io import read_json_file
+from .tokenizer import SENTENCEPIECE_FILE, TOKENIZER_FILE
 
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
-TOKENIZER_NAMES = ("tokenizer.model", "tokenizer.json")
+TOKENIZER_NAMES = (SENTENCEPIECE_FILE, TOKENIZER_FILE)  # a corpus ships its teacher's tokenizer
 HELDOUT_SOURCE = "tinystories-cased"  # real, cased TinyStories text: the student-teacher gap is measured on it
 
 

@@ -1,4 +1,4 @@
-"""Evaluation: rolling perplexity, zero-shot multiple-choice scoring, paired statistics.
+"""Evaluation: rolling perplexity, zero-shot multiple-choice scoring (paired statistics: :mod:`diffquant.paired`).
 
 Everything follows lm-evaluation-harness (v0.4) so numbers are comparable:
 
@@ -24,24 +24,25 @@ Models: anything whose ``forward(input_ids [B, T])`` returns logits ``[B, T, V]`
 ``.logits``, as HF models) and whose config has ``max_seq_len`` (or ``max_position_embeddings``). Tokenizers:
 :class:`diffquant.tokenizer.Tokenizer` (``encode(text)`` without specials, ``bos_id``) or a transformers
 tokenizer (``encode(text, add_special_tokens=False)``, ``bos_token_id``). Results are JSON-serialisable dicts
-with per-item / per-window records for the paired statistics at the end of this module.
+with per-item / per-window records for the paired statistics of :mod:`diffquant.paired`.
 """
 from __future__ import annotations
 
 import logging
 import math
 import re
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from fractions import Fraction
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from . import distributed
+from .dispatch import input_device
 from .io import finite_or_none
-from .tasks import TASKS, Item, canonical_task, load_task
+from .tasks import TASKS, Item, canonical_task, limit_ids, load_task
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +62,7 @@ def model_max_len(model) -> int:
 
 
 def _device(model) -> torch.device:
-    param = next(iter(model.parameters()), None)
-    return param.device if param is not None else torch.device("cpu")
+    return input_device(model)  # the CPU for a model whose first weights are offloaded (device_map)
 
 
 def _logits(model, input_ids: torch.Tensor) -> torch.Tensor:
@@ -100,16 +100,25 @@ def score_requests(model, requests: Sequence[Request], batch_size: int = 8, max_
     pieces, owners = _split_long(requests, max_len)
     inputs = [(ctx + cont)[-(max_len + 1):][:-1] for ctx, cont in pieces]
     order = sorted(range(len(pieces)), key=lambda i: -len(inputs[i]))
-    scores: list[dict | None] = [None] * len(pieces)
+    # The batches are cut as in one process and dealt out whole (a row's logits may depend on its batch's
+    # shape in the last bits), so a data-parallel run scores every piece exactly as a single process does.
+    batches = [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
     device = _device(model)
-    with _eval_mode(model), tqdm(total=len(order), desc=desc, disable=not progress, leave=False) as bar:
-        for start in range(0, len(order), batch_size):
-            rows = order[start:start + batch_size]
-            logits = _logits(model, _pad([inputs[i] for i in rows], device))
-            for r, i in enumerate(rows):
-                scores[i] = _continuation_score(logits[r], len(inputs[i]), pieces[i][1])
-            bar.update(len(rows))
-    return _merge_pieces(scores, owners, len(requests))
+    progress = progress and distributed.is_main()
+
+    def score_mine() -> dict[int, dict]:
+        mine = {}
+        with _eval_mode(model), tqdm(total=len(order), desc=desc, disable=not progress, leave=False) as bar:
+            for j in distributed.strided(len(batches)):
+                rows = batches[j]
+                logits = _logits(model, _pad([inputs[i] for i in rows], device))
+                for r, i in enumerate(rows):
+                    mine[i] = _continuation_score(logits[r], len(inputs[i]), pieces[i][1])
+                bar.update(len(rows) * distributed.world_size())
+        return mine
+
+    shares = distributed.reduce_on_main(score_mine, lambda parts: {i: s for part in parts for i, s in part.items()})
+    return _merge_pieces([shares[i] for i in range(len(pieces))], owners, len(requests))
 
 
 def _split_long(requests: Sequence[Request], max_len: int) -> tuple[list[Request], list[int]]:
@@ -274,16 +283,6 @@ def _unit_values(unit) -> list[float]:
     return [float(x) for x in unit]
 
 
-def paired_arrays(result_a: dict, result_b: dict, key: str = "correct") -> tuple[np.ndarray, np.ndarray]:
-    """Per-item ``key`` of two task results aligned by item id (they must hold the same items)."""
-    a = {r["id"]: r[key] for r in result_a["items"]}
-    b = {r["id"]: r[key] for r in result_b["items"]}
-    if a.keys() != b.keys():
-        raise ValueError(f"results do not pair: {len(a.keys() ^ b.keys())} item ids differ")
-    ids = sorted(a)
-    return np.array([a[i] for i in ids], dtype=np.float64), np.array([b[i] for i in ids], dtype=np.float64)
-
-
 # ---------------------------------------------------------------------------------------------------- perplexity
 
 def get_rolling_token_windows(token_list: Sequence[int], prefix_token: int, max_seq_len: int,
@@ -333,7 +332,7 @@ def rolling_perplexity(model, token_ids: Sequence[int] | np.ndarray | torch.Tens
 
     ``max_len`` defaults to the model's ``max_seq_len``; ``stride`` (tokens scored per window after the
     first) to ``max_len``. Returns ``loss`` (mean nats/token), ``perplexity``, ``tokens``, ``windows`` and
-    ``window_losses`` (``[sum nats, tokens]`` per window, for :func:`bootstrap_ppl_ci`).
+    ``window_losses`` (``[sum nats, tokens]`` per window, for :func:`diffquant.paired.bootstrap_ppl_ci`).
     """
     if isinstance(token_ids, torch.Tensor):
         token_ids = token_ids.flatten().tolist()
@@ -383,114 +382,36 @@ def text_perplexity(model, tokenizer, text_or_docs, max_len: int | None = None, 
     return out
 
 
-# ---------------------------------------------------------------------------------------------------- statistics
+# ---------------------------------------------------------------------------------------------------- subsets
 
-def _bootstrap(statistic: Callable[[np.ndarray], np.ndarray], m: int, n: int, seed: int) -> np.ndarray:
-    """``n`` values of ``statistic(idx)`` over resamples ``idx`` (k, m) of ``range(m)``, drawn in chunks."""
-    if n < 1:
-        raise ValueError(f"the number of bootstrap resamples must be positive, got {n}")
-    rng = np.random.default_rng(seed)
-    chunk = max(1, 2_000_000 // m)
-    out = [statistic(rng.integers(0, m, size=(min(chunk, n - s), m))) for s in range(0, n, chunk)]
-    return np.concatenate(out)
-
-
-def _interval(values: np.ndarray, level: float) -> tuple[float, float]:
-    if not 0 < level < 1:
-        raise ValueError(f"level must lie in (0, 1), got {level}")
-    tail = (1 - level) / 2 * 100
-    low, high = np.percentile(values, [tail, 100 - tail])
-    return float(low), float(high)
+def document_windows(tokenizer, docs, max_len: int) -> list[tuple[list[int], list[int]]]:
+    """The rolling-window requests of :func:`text_perplexity`, document by document."""
+    prefix = tokenizer.bos_id if tokenizer.bos_id is not None else tokenizer.eos_id
+    if prefix is None:
+        raise ValueError("the tokenizer has neither a BOS nor an EOS token to start each document with")
+    requests = []
+    for doc in docs:
+        ids = tokenizer.encode(getattr(doc, "text", doc))
+        if ids:
+            requests += rolling_requests([prefix, *ids], max_len)
+    if not requests:
+        raise ValueError("no text to score: every document is empty")
+    return requests
 
 
-def _vectors(*arrays, names: str) -> list[np.ndarray]:
-    out = [np.asarray(a, dtype=np.float64).ravel() for a in arrays]
-    if len({a.size for a in out}) != 1:
-        raise ValueError(f"{names} must have the same length, got {[a.size for a in out]}")
-    if out[0].size == 0:
-        raise ValueError(f"{names} are empty")
-    return out
-
-
-def paired_bootstrap(a, b, n: int = 10000, seed: int = 0, level: float = 0.95) -> dict:
-    """Mean of ``b`` minus mean of ``a`` (e.g. quantized minus baseline accuracy, per-item 0/1 arrays on the
-    same items) with a paired percentile bootstrap interval (items resampled, both arrays together)."""
-    a, b = _vectors(a, b, names="a and b")
-    d = b - a
-    values = _bootstrap(lambda idx: d[idx].mean(axis=1), d.size, n, seed)
-    low, high = _interval(values, level)
-    return {"delta": float(d.mean()), "low": low, "high": high, "level": level, "n_items": int(d.size),
-            "n_boot": n}
-
-
-def discordant_counts(a, b) -> tuple[int, int]:
-    """(items only ``a`` gets right, items only ``b`` gets right) of two per-item correctness arrays."""
-    a, b = (x.astype(bool) for x in _vectors(a, b, names="a and b"))
-    return int((a & ~b).sum()), int((b & ~a).sum())
-
-
-def mcnemar_exact(a, b) -> float:
-    """Exact two-sided McNemar p-value: a binomial test (p = 1/2) on the discordant pairs.
-
-    Equals ``scipy.stats.binomtest(only_b, only_a + only_b, 0.5).pvalue``; computed with exact integers:
-    ``min(1, 2·P(X ≤ min(only_a, only_b)))``; 1.0 when no item is discordant.
-    """
-    only_a, only_b = discordant_counts(a, b)
-    total = only_a + only_b
-    if total == 0:
-        return 1.0
-    tail = sum(math.comb(total, i) for i in range(min(only_a, only_b) + 1))
-    return float(min(Fraction(1), Fraction(2 * tail, 2 ** total)))
-
-
-def _windows(window_losses) -> tuple[np.ndarray, np.ndarray]:
-    w = np.asarray(window_losses, dtype=np.float64)
-    if w.ndim != 2 or w.shape[1] != 2 or w.shape[0] == 0:
-        raise ValueError("window_losses must be a non-empty list of [sum nats, tokens] pairs")
-    return w[:, 0], w[:, 1]
-
-
-def bootstrap_ppl_ci(window_losses, n: int = 10000, seed: int = 0, level: float = 0.95) -> dict:
-    """Perplexity with a percentile bootstrap interval, windows resampled (``exp(Σ nats / Σ tokens)``)."""
-    nll, tokens = _windows(window_losses)
-    values = _bootstrap(lambda idx: np.exp(nll[idx].sum(1) / tokens[idx].sum(1)), nll.size, n, seed)
-    low, high = _interval(values, level)
-    return {"perplexity": float(np.exp(nll.sum() / tokens.sum())), "low": low, "high": high, "level": level,
-            "n_windows": int(nll.size), "n_boot": n}
-
-
-def paired_bootstrap_ppl(windows_a, windows_b, n: int = 10000, seed: int = 0, level: float = 0.95) -> dict:
-    """Perplexity of ``b`` minus that of ``a`` on the same windows (same text and tokenizer), windows
-    resampled jointly."""
-    nll_a, tok_a = _windows(windows_a)
-    nll_b, tok_b = _windows(windows_b)
-    if tok_a.shape != tok_b.shape or not np.array_equal(tok_a, tok_b):
-        raise ValueError("window losses do not pair: different windows (text, tokenizer or max_len differ)")
-
-    def delta(idx):
-        t = tok_a[idx].sum(1)
-        return np.exp(nll_b[idx].sum(1) / t) - np.exp(nll_a[idx].sum(1) / t)
-
-    values = _bootstrap(delta, nll_a.size, n, seed)
-    low, high = _interval(values, level)
-    ppl_a, ppl_b = (float(np.exp(x.sum() / tok_a.sum())) for x in (nll_a, nll_b))
-    return {"perplexity_a": ppl_a, "perplexity_b": ppl_b, "delta": ppl_b - ppl_a, "low": low, "high": high,
-            "level": level, "n_windows": int(nll_a.size), "n_boot": n}
-
-
-def difference_of_degradations(base_a, quant_a, base_b, quant_b, n: int = 10000, seed: int = 0,
-                               level: float = 0.95) -> dict:
-    """``(mean quant_b − mean base_b) − (mean quant_a − mean base_a)`` with a paired bootstrap interval.
-
-    Four per-item arrays on the same items (e.g. a = Transformer, b = Diff, 0/1 correctness at 16 bits and
-    quantized); items are resampled jointly in all four. ``delta_a``/``delta_b`` are each model's change from
-    its baseline (negative = it lost accuracy); a positive ``difference`` means b degraded less than a.
-    """
-    base_a, quant_a, base_b, quant_b = _vectors(base_a, quant_a, base_b, quant_b,
-                                                names="base_a, quant_a, base_b and quant_b")
-    da, db = quant_a - base_a, quant_b - base_b
-    diff = db - da
-    values = _bootstrap(lambda idx: diff[idx].mean(axis=1), diff.size, n, seed)
-    low, high = _interval(values, level)
-    return {"delta_a": float(da.mean()), "delta_b": float(db.mean()), "difference": float(diff.mean()),
-            "low": low, "high": high, "level": level, "n_items": int(diff.size), "n_boot": n}
+def perplexity_metrics(model, tokenizer, docs, limit: int | None = None, seed: int = 0, batch_size: int = 8,
+                       progress: bool = True, subset: str = "first") -> dict:
+    """Rolling perplexity of ``docs``: all windows (:func:`text_perplexity`) or ``limit`` of them, the first or
+    (``subset="random"``) a seeded subset."""
+    if limit is None:
+        return text_perplexity(model, tokenizer, docs, batch_size=batch_size, progress=progress)
+    max_len = model_max_len(model)
+    requests = document_windows(tokenizer, docs, max_len)
+    chosen = limit_ids(len(requests), limit, subset, seed)
+    scores = score_requests(model, [requests[i] for i in chosen], batch_size, max_len, progress, desc="perplexity")
+    window_losses = [[-s["ll"], s["tokens"]] for s in scores]
+    nll = math.fsum(w[0] for w in window_losses)
+    tokens = sum(w[1] for w in window_losses)
+    return {"loss": nll / tokens, "perplexity": math.exp(nll / tokens), "tokens": tokens,
+            "windows": len(window_losses), "windows_total": len(requests), "max_len": max_len, "stride": max_len,
+            "window_ids": chosen, "window_losses": window_losses}

@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 
 from .checkpoint import CheckpointError
+from .checkpoint.gguf import _GLOBAL_NAMES, _LAYER_NAMES
 from .exports import block_int_weights, check_weight_only, dequantized_copy
 from .ggml_blocks import BLOCK, BLOCK_TYPES, encode_blocks, llamacpp_quantize, representable_problem
-from .gguf import _GLOBAL_NAMES, _LAYER_NAMES
 from .io import atomic_path
 from .model import LM
 from .quant.api import is_quantized
@@ -145,7 +145,7 @@ def _write(path: Path, cfg, tensors: dict, gguf_type: str, tokenizer, vocab_from
 def _add_vocab(w, tokenizer, vocab_from) -> None:
     """The llama (SentencePiece) vocabulary llama.cpp tokenizes with, from a .gguf file or a tokenizer."""
     if vocab_from is not None:
-        from .gguf import _open
+        from .checkpoint.gguf import _open
 
         reader = _open(Path(vocab_from))
         for key, field in reader.fields.items():

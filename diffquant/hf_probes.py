@@ -8,7 +8,9 @@
   itself uses to keep a layer on one device). A PyTorch forward hook, attached only while the wrapper runs,
   passes the layer output (or the first item of a tuple output) through the probe.
 * ``layers.{i}.attn.logits`` (kind "attn_logits") — the pre-mask logits ``q·kᵀ·scaling`` after RoPE, for the
-  model types in :data:`LOGIT_MODEL_TYPES` without sliding windows. They come from transformers' supported
+  model types in :data:`LOGIT_MODEL_TYPES` without sliding windows, except Mistral, whose window is respected:
+  the softmax adds HF's own sliding-window mask for the layer, and the probe's ``window`` makes observers and
+  quantizers count the logits inside the window only. They come from transformers' supported
   extension point, the attention-function registry: :func:`probed_eager_attention` is registered as
   ``"diffquant_eager"`` (``AttentionInterface``, with HF's eager mask through ``AttentionMaskInterface``) and
   selected with ``model.set_attn_implementation`` for the duration of a forward; it computes exactly what HF's
@@ -37,10 +39,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .checkpoint import CheckpointError, check_capacity, load_checkpoint
+from .checkpoint import load_checkpoint
+from .checkpoint.files import CheckpointError, check_capacity
+from .checkpoint.hf import is_hf_folder, weight_files
 from .config import SIZE_LIMITS
 from .errors import first_line
-from .hf import is_hf_folder, weight_files
+from .kinds import ATTN_LOGITS, HIDDEN
 from .probes import Probe
 
 log = logging.getLogger(__name__)
@@ -48,8 +52,9 @@ log = logging.getLogger(__name__)
 ATTN_IMPL = "diffquant_eager"
 # Model types whose attention calls the registry with the standard (query, key, value, mask, scaling) contract
 # and whose eager attention is softmax(q·kᵀ·scaling + mask)·v; each is checked against HF's own eager
-# probabilities in tests/test_hf_probes.py.
-LOGIT_MODEL_TYPES = ("llama", "diffllama", "mistral", "qwen2", "gpt2")
+# probabilities in tests/test_hf_probes.py. Gemma (1) has no softcapping or sliding window (Gemma 2/3 do: left
+# out); Phi and GPT-NeoX (partial RoPE) pass their own scaling; Mistral's sliding window comes with HF's mask.
+LOGIT_MODEL_TYPES = ("llama", "diffllama", "mistral", "qwen2", "gpt2", "phi", "gemma", "gpt_neox")
 IMPLS = ("eager", "hf")
 
 
@@ -187,13 +192,32 @@ def _attention_module(layer: nn.Module) -> nn.Module | None:
 
 
 def logits_supported(config) -> bool:
-    """Attention logits are probed for :data:`LOGIT_MODEL_TYPES` with plain causal (no sliding window) masks."""
+    """Attention logits are probed for :data:`LOGIT_MODEL_TYPES` with plain causal masks, or Mistral's one window."""
     data = config.to_dict()
     if data.get("model_type") not in LOGIT_MODEL_TYPES:
         return False
+    if data.get("model_type") == "mistral":
+        return True
     layer_types = data.get("layer_types") or []
     sliding = data.get("sliding_window") is not None and data.get("use_sliding_window", True)
     return not sliding and all(t == "full_attention" for t in layer_types)
+
+
+def sliding_window(config) -> int | None:
+    """The keys a query sees (None: all earlier ones): Mistral's ``sliding_window`` (its mask uses it when set)."""
+    data = config.to_dict()
+    return data.get("sliding_window") if data.get("model_type") == "mistral" else None
+
+
+def logits_unsupported_reason(config) -> str | None:
+    """Why attention logits of this config cannot be probed (None: they can)."""
+    if logits_supported(config):
+        return None
+    model_type = config.to_dict().get("model_type")
+    if model_type not in LOGIT_MODEL_TYPES:
+        return (f"attention logits of {model_type!r} models cannot be observed (probed model types: "
+                f"{', '.join(LOGIT_MODEL_TYPES)})")
+    return f"attention logits of this {model_type!r} model cannot be observed (sliding-window layers)"
 
 
 # -- the wrapper ------------------------------------------------------------------------------------------
@@ -217,17 +241,18 @@ class HFConfig:
 
 
 class _AttnProbes(nn.Module):
-    def __init__(self):
+    def __init__(self, window: int | None = None):
         super().__init__()
-        self.logits = Probe("attn_logits")
+        self.logits = Probe(ATTN_LOGITS)
+        self.logits.window = window
 
 
 class _LayerProbes(nn.Module):
-    def __init__(self, with_logits: bool):
+    def __init__(self, with_logits: bool, window: int | None = None):
         super().__init__()
         if with_logits:
-            self.attn = _AttnProbes()
-        self.out = Probe("hidden")
+            self.attn = _AttnProbes(window)
+        self.out = Probe(HIDDEN)
 
 
 class HFProbed(nn.Module):
@@ -242,7 +267,8 @@ class HFProbed(nn.Module):
         self.config = HFConfig(_text_config(model))
         self.with_logits = logits_supported(self.config.hf)
         n = len(decoder_layers(model))
-        self.layers = nn.ModuleList(_LayerProbes(self.with_logits) for _ in range(n))
+        window = sliding_window(self.config.hf)
+        self.layers = nn.ModuleList(_LayerProbes(self.with_logits, window) for _ in range(n))
         self.impl = "eager" if self.with_logits else "hf"
         self.chunk = chunk
         if self.with_logits:
@@ -303,8 +329,9 @@ def _hidden_hook(probe: Probe):
 
 # -- loading ----------------------------------------------------------------------------------------------
 
-def load_hf_model(path: str | Path, dtype: torch.dtype = torch.float32):
-    """A local HF causal LM folder, offline, with no remote code and no pickle, in eval mode.
+def load_hf_model(path: str | Path, dtype: torch.dtype = torch.float32, **dispatch):
+    """A local HF causal LM folder, offline, with no remote code and no pickle, in eval mode (``dispatch``:
+    ``device_map`` / ``max_memory`` / ``offload_folder`` for transformers, see :mod:`diffquant.offload`).
 
     Checked before anything is allocated: the config's sizes, the shard paths and safetensors headers, and that
     the weights can hold the model the config describes (built on the meta device), quantized ones included."""
@@ -319,7 +346,7 @@ def load_hf_model(path: str | Path, dtype: torch.dtype = torch.float32):
     check_capacity(path, needed, weight_files(path))
     try:
         model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype,
-                                                     trust_remote_code=False, use_safetensors=True)
+                                                     trust_remote_code=False, use_safetensors=True, **dispatch)
     except (OSError, ValueError, KeyError) as exc:
         raise CheckpointError(f"{path}: transformers cannot load it ({first_line(exc)})") from None
     return model.eval()

@@ -39,6 +39,8 @@ import os
 import sys
 from pathlib import Path
 
+from .calibration import DEFAULT_CALIB_TOKENS
+
 log = logging.getLogger(__name__)
 
 __all__ = ["lm_class", "main", "register"]  # and DiffquantLM, built on first access (module __getattr__)
@@ -129,8 +131,8 @@ def _load_model(pretrained, quant, device: str, calib_tokens: int, seed: int):
     config = quant if isinstance(quant, QuantConfig) else _quant_config(str(quant))
     calib = None
     if config.weights is not None and config.weights.method == "gptq":
+        from .calibration import calibration_batch
         from .evaluate import model_max_len
-        from .sweep import calibration_batch
         from .tokenizer import tokenizer_for
 
         if not isinstance(pretrained, (str, os.PathLike)):
@@ -180,14 +182,15 @@ def _build(TemplateLM):
         """
 
         def __init__(self, pretrained=None, tokenizer=None, quant=None, batch_size=8, device="cpu", bos=True,
-                     max_length=None, calib_tokens=32768, seed=0, max_batch_size=None, **kwargs):
+                     max_length=None, calib_tokens=DEFAULT_CALIB_TOKENS, seed=0, max_batch_size=None, **kwargs):
             super().__init__()
             if pretrained is None:
                 raise ValueError("DiffquantLM needs pretrained= (a checkpoint path or a model)")
             if kwargs:
                 log.warning("DiffquantLM ignores %s", ", ".join(sorted(kwargs)))
             device = _device(device)
-            self.model = _load_model(pretrained, quant, device, _as_int(calib_tokens, "calib_tokens", 32768),
+            calib_tokens = _as_int(calib_tokens, "calib_tokens", DEFAULT_CALIB_TOKENS)
+            self.model = _load_model(pretrained, quant, device, calib_tokens,
                                      _as_int(seed, "seed", 0)).eval()
             if isinstance(tokenizer, Tokenizer):
                 self.tok = tokenizer

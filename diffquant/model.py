@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import kinds
 from .config import ATTN_IMPLS, ModelConfig
 from .errors import UserError
 from .probes import Probe
@@ -125,20 +126,20 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.d_model, cfg.kv_dim, bias=False)
         self.v_proj = nn.Linear(cfg.d_model, cfg.kv_dim, bias=False)
         self.out_proj = nn.Linear(cfg.q_dim, cfg.d_model, bias=False)
-        self.q, self.k = Probe("attn_q"), Probe("attn_k")
-        self.logits, self.probs = Probe("attn_logits"), Probe("attn_probs")
+        self.q, self.k = Probe(kinds.ATTN_Q), Probe(kinds.ATTN_K)
+        self.logits, self.probs = Probe(kinds.ATTN_LOGITS), Probe(kinds.ATTN_PROBS)
         if self.is_diff:
             self.lambda_init = cfg.lambda_init_at(layer)
             for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
                 setattr(self, name, nn.Parameter(torch.zeros(self.head_dim).normal_(0.0, LAMBDA_STD)))
             self.subln = RMSNorm(2 * self.head_dim, eps=1e-5)
-            self.diff = Probe("attn_diff")
+            self.diff = Probe(kinds.ATTN_DIFF)
         if self.is_gated:  # Qiu et al. 2025, their best variant (G1): elementwise, head-specific, after SDPA
             self.gate_proj = nn.Linear(cfg.d_model, cfg.q_dim, bias=False)
-            self.gate = Probe("attn_gate")
+            self.gate = Probe(kinds.ATTN_GATE)
         if self.is_clipped:
             self.clip_gamma = -CLIP_ALPHA / cfg.max_seq_len
-            self.clipped_probs = Probe("attn_clipped")
+            self.clipped_probs = Probe(kinds.ATTN_CLIPPED)
 
     def lambda_full(self) -> torch.Tensor:
         """λ = exp(λq1·λk1) − exp(λq2·λk2) + λ_init, one scalar for the layer, in float32 (or wider)."""
@@ -291,7 +292,7 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.d_model, cfg.ffn_dim, bias=False)
         self.up_proj = nn.Linear(cfg.d_model, cfg.ffn_dim, bias=False)
         self.down_proj = nn.Linear(cfg.ffn_dim, cfg.d_model, bias=False)
-        self.act = Probe("mlp_act")
+        self.act = Probe(kinds.MLP_ACT)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act(F.silu(self.gate_proj(x)) * self.up_proj(x)))
@@ -304,7 +305,7 @@ class Block(nn.Module):
         self.attn = Attention(cfg, layer)
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = MLP(cfg)
-        self.out = Probe("hidden")  # the residual stream after both residual adds
+        self.out = Probe(kinds.HIDDEN)  # the residual stream after both residual adds
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 cache: KVCache | None = None) -> torch.Tensor:

@@ -1,7 +1,10 @@
-"""PNG plots of outlier profiles, made from profile JSON records only (no model code)."""
+"""PNG plots made from JSON records only (no model code): outlier profiles and Figure 8 from sweep records."""
 
 from __future__ import annotations
 
+import math
+import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import matplotlib
@@ -11,6 +14,20 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from .io import atomic_path  # noqa: E402
+from .kinds import ATTN_LOGITS, HIDDEN  # noqa: E402
+from .records import BASELINE_BITS, is_finite  # noqa: E402
+from .report import (  # noqa: E402
+    ARCH_NAMES,
+    PRIMARY_METRIC,
+    Cell,
+    bits_columns,
+    degradation_rows,
+    is_accuracy,
+    model_label,
+    task_label,
+    unique_labels,
+    value_interval,
+)
 from .tables import SITE_NAMES  # noqa: E402
 
 ARCH_COLORS = {"transformer": "tab:blue", "diff": "tab:red", "gated": "tab:green", "clipped": "tab:purple"}
@@ -103,7 +120,7 @@ def plot_tracked(logs: dict[str, dict], path: str | Path) -> Path:
     """
     from .tracking import max_over_layers
 
-    curves = {label: [(p["tokens"], max_over_layers(p["layers"], "attn_logits"), max_over_layers(p["layers"], "hidden"))
+    curves = {label: [(p["tokens"], max_over_layers(p["layers"], ATTN_LOGITS), max_over_layers(p["layers"], HIDDEN))
                       for p in log["history"].get("outliers", [])] for label, log in logs.items()}
     fig, axes = plt.subplots(1, 3, figsize=(16, 4))
     for label, pts in curves.items():
@@ -126,3 +143,91 @@ def plot_tracked(logs: dict[str, dict], path: str | Path) -> Path:
         ax.set(yscale="log", xlabel="training tokens", title=title)
         ax.legend(fontsize=7)
     return _save(fig, path)
+
+
+# ---------------------------------------------------------------------------------------------------- Figure 8
+
+LINESTYLES = {"transformer": "-", "diff": "--", "gated": "-.", "clipped": ":"}
+MARKERS = "osD^vP*Xph"
+
+
+def plot_degradation(records: Sequence[dict], path: str | os.PathLike, metrics: Sequence[str] | None = None,
+                     n_boot: int = 10000, seed: int = 0) -> Path:
+    """Figure 8: metric against bits (16 → 4, left to right), one line per model (its own colour and marker;
+    line style by arch), one panel per (scheme, task, metric). Error bars at quantized bits span the paired 95%
+    interval of the change from 16 bits, placed at the 16-bit value plus the change's bounds; at 16 bits, the
+    95% bootstrap interval of the value itself. A caption under the panels says so and names the data (items,
+    windows and tokens per task). Default metrics: acc_norm for multiple choice, acc for LAMBADA, perplexity
+    for text."""
+    cells = [c for c in degradation_rows(records, metrics, n_boot, seed) if c.value is not None]
+    if metrics is None:
+        cells = [c for c in cells if c.metric == PRIMARY_METRIC[c.kind]]
+    if not cells:
+        raise ValueError("nothing to plot: no record holds finite results")
+    bases = {(model_label(r), task_label(r)): r for r in unique_labels(records)
+             if r["bits"] == BASELINE_BITS and is_finite(r)}
+    models = list(dict.fromkeys(c.checkpoint for c in cells))  # one colour and marker per model, in every panel
+    panels = list(dict.fromkeys((c.scheme, c.task, c.metric) for c in cells))
+    ncols = min(3, len(panels))
+    nrows = math.ceil(len(panels) / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.8 * ncols, 3.6 * nrows + 0.6), squeeze=False)
+    for ax, (scheme, task, metric) in zip(list(axes.flat)[:len(panels)], panels, strict=True):
+        mine = [c for c in cells if (c.scheme, c.task, c.metric) == (scheme, task, metric)]
+        columns = bits_columns(c.bits for c in mine)
+        here = list(dict.fromkeys(c.checkpoint for c in mine))
+        for j, model in enumerate(here):
+            model_cells = [c for c in mine if c.checkpoint == model]
+            base = bases.get((model_cells[0].model, task))
+            _plot_model(ax, model_cells, columns, models.index(model),
+                        value_interval(base, metric, n_boot, seed) if base is not None else None,
+                        dodge=0.05 * (j - (len(here) - 1) / 2))  # side by side: intervals do not hide each other
+        scale = 100 if is_accuracy(metric) else 1
+        ax.set(xticks=range(len(columns)), xticklabels=[str(b) for b in columns], xlabel="bits",
+               ylabel=f"{metric} (%)" if scale == 100 else metric, title=f"{task}\n{scheme}")
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
+    fig.tight_layout(rect=(0, 0.6 / (3.6 * nrows + 0.6), 1, 1))
+    fig.text(0.01, 0.005, figure_caption(list(bases.values()), n_boot), fontsize=7, va="bottom", ha="left",
+             wrap=True)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return Path(path)
+
+
+def figure_caption(baselines: Sequence[dict], n_boot: int) -> str:
+    """What the error bars are, and the data: items or windows and tokens per task (from the 16-bit records)."""
+    data = {}
+    for rec in baselines:
+        m = rec["metrics"]
+        size = (f"{m['windows']} windows, {m['tokens']:,} tokens" if rec["kind"] == "perplexity"
+                else f"{m.get('n', len(m.get('items', [])))} items")
+        data.setdefault(task_label(rec), size)
+    return ("Error bars: 95% bootstrap intervals (" + f"{n_boot:,}" + " resamples) - at 16 bits of the value, at "
+            "fewer bits of the paired change from 16 bits, drawn around the 16-bit value.  Data: "
+            + "; ".join(f"{task}: {size}" for task, size in data.items()) + ".")
+
+
+def _plot_model(ax, cells: Sequence[Cell], columns: list[int], i: int, base_interval, dodge: float = 0.0) -> None:
+    by_bits = {c.bits: c for c in cells}
+    xs = [columns.index(b) + dodge for b in columns if b in by_bits]
+    pts = [by_bits[b] for b in columns if b in by_bits]
+    scale = 100 if is_accuracy(pts[0].metric) else 1
+    ys = [scale * c.value for c in pts]
+    base = by_bits.get(BASELINE_BITS)
+    lower, upper = [], []
+    for c, y in zip(pts, ys, strict=True):
+        if c.bits == BASELINE_BITS and base_interval is not None:  # the 16-bit value's own interval
+            lower.append(max(0.0, y - scale * base_interval[0]))
+            upper.append(max(0.0, scale * base_interval[1] - y))
+        elif c.delta is None or base is None:
+            lower.append(0.0)
+            upper.append(0.0)
+        else:  # the interval of the delta, placed at the 16-bit value
+            lower.append(max(0.0, y - scale * (base.value + c.low)))
+            upper.append(max(0.0, scale * (base.value + c.high) - y))
+    arch = pts[0].arch
+    ax.errorbar(xs, ys, yerr=[lower, upper], color=f"C{i % 10}", marker=MARKERS[i % len(MARKERS)],
+                linestyle=LINESTYLES.get(arch, "-"), capsize=3,
+                label=f"{pts[0].model} ({ARCH_NAMES.get(arch, arch or '?')})")

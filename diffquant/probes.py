@@ -20,14 +20,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-log = logging.getLogger(__name__)
+from .kinds import ATTENTION_KINDS, CAUSAL_KINDS, KINDS  # noqa: F401  (ATTENTION_KINDS: re-exported)
 
-# Attention maps (query x key, causally masked): logits, softmax probabilities, Diff's λ-combined map, and the
-# clipped arm's probabilities after the clip.
-CAUSAL_KINDS = ("attn_logits", "attn_probs", "attn_diff", "attn_clipped")
-# Every probe inside attention: the maps, rotated queries and keys, and the gated arm's sigmoid gate.
-ATTENTION_KINDS = ("attn_q", "attn_k", *CAUSAL_KINDS, "attn_gate")
-KINDS = (*ATTENTION_KINDS, "mlp_act", "hidden")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -41,8 +36,11 @@ class Probe(nn.Identity):
     """An identity module marking a named tensor in the forward pass.
 
     ``kind`` is one of ``KINDS``; ``causal`` tells that the last two dims are (query, key) positions under a
-    causal mask, so observers and quantizers must ignore the entries above the diagonal.
+    causal mask, so observers and quantizers must ignore the entries above the diagonal; ``window`` (None: no
+    window) narrows that mask to the last ``window`` keys of each query, as a sliding-window attention sees them.
     """
+
+    window: int | None = None
 
     def __init__(self, kind: str):
         super().__init__()
@@ -61,7 +59,10 @@ class Probe(nn.Identity):
         t, s = x.shape[-2], x.shape[-1]
         q_pos = torch.arange(q_offset, q_offset + t, device=x.device)[:, None]
         k_pos = torch.arange(s, device=x.device)[None, :]
-        return (k_pos <= q_pos).view((1,) * (x.ndim - 2) + (t, s))
+        keep = k_pos <= q_pos
+        if self.window is not None:
+            keep = keep & (k_pos > q_pos - self.window)  # HF's sliding_window_overlay
+        return keep.view((1,) * (x.ndim - 2) + (t, s))
 
     def extra_repr(self) -> str:
         return f"kind={self.kind!r}"

@@ -22,15 +22,18 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from . import distributed
+from .dispatch import input_device
 from .io import atomic_write_text
-from .probes import ATTENTION_KINDS, CAUSAL_KINDS, Probe, ProbeCall, hooked, probes
-from .stats import SiteStats
+from .kinds import ATTENTION_KINDS, ATTN_LOGITS, CAUSAL_KINDS, HIDDEN, TOKEN_KINDS
+from .probes import Probe, ProbeCall, hooked, probes
+from .stats import ExactPass, Quantiles, SiteStats
 from .tables import TABLE5_RANKS, outlier_table
 
 log = logging.getLogger(__name__)
 
 PROTOCOLS = ("global", "per_sequence")
-DEFAULT_SITES = ("attn_logits", "hidden")
+DEFAULT_SITES = (ATTN_LOGITS, HIDDEN)
 ATTN_SITES = ATTENTION_KINDS
 
 
@@ -90,7 +93,7 @@ class _Profiler:
         self._seq_stats: dict[str, list[SiteStats]] | None = None
 
     def _new_stats(self, probe: Probe, topk: int | None = None) -> SiteStats:
-        channel_dim = -1 if probe.kind in ("hidden", "mlp_act") else None
+        channel_dim = -1 if probe.kind in TOKEN_KINDS else None
         return SiteStats(topk=topk or self.topk, exact_median=self.exact_median, channel_dim=channel_dim)
 
     def hook(self, name: str, probe: Probe, x: torch.Tensor, call: ProbeCall) -> None:
@@ -116,8 +119,7 @@ class _Profiler:
 
 
 def _device_of(model: nn.Module) -> torch.device:
-    param = next(model.parameters(), None)
-    return param.device if param is not None else torch.device("cpu")
+    return input_device(model)  # the CPU for a model whose first weights are offloaded (device_map)
 
 
 def profile(
@@ -140,13 +142,42 @@ def profile(
     if not batches:
         raise ValueError("no data to profile: the batch list is empty")
     prof = _Profiler(model, sites, topk, protocol, exact_median)
-    with _eager_attention(model, chunk), torch.no_grad(), hooked(model, prof.hook, kinds=sites):
-        for ids in tqdm(batches, desc=f"profile {label or ''}".strip(), disable=not progress, mininterval=2):
-            prof.run_batch(model, ids)
-    pooled = _pool_layers(prof)
-    if exact_median and any(e.stats.needs_exact_pass for e in prof.logs.values()):
-        _exact_pass(model, batches, prof, pooled, chunk, progress)
-    return OutlierReport(_assemble(model, prof, pooled, n_locations, label))
+    first, mine = distributed.block(batches)  # data parallel: a contiguous run of windows per rank
+    prof.seq_base = sum(int(b.shape[0]) for b in batches[:first])  # windows keep their global index
+    progress = progress and distributed.is_main()
+
+    def local_pass():
+        with _eager_attention(model, chunk), torch.no_grad(), hooked(model, prof.hook, kinds=sites):
+            for ids in tqdm(mine, desc=f"profile {label or ''}".strip(), disable=not progress, mininterval=2):
+                prof.run_batch(model, ids)
+        return None if distributed.is_main() else _shard_state(prof)
+
+    pooled: dict = {}  # rank 0 only: the merged stats stay there, only the final record is broadcast
+    distributed.reduce_on_main(local_pass, lambda shares: pooled.update(_absorb_shards(prof, shares, batches)))
+    if exact_median and distributed.on_main(lambda: any(e.stats.needs_exact_pass for e in prof.logs.values())):
+        _exact_pass(model, mine, prof, pooled, chunk, progress)
+    return OutlierReport(distributed.on_main(lambda: _assemble(model, prof, pooled, n_locations, label)))
+
+
+def _shard_state(prof: _Profiler) -> dict:
+    """What rank 0 needs of another rank's profiler: each probe's stats (sparse state) and call log."""
+    return {"logs": {n: (e.stats.state_dict(), e.calls) for n, e in prof.logs.items()}, "per_seq": prof.per_seq}
+
+
+def _absorb_shards(prof: _Profiler, shares: list[dict | None], batches: list[torch.Tensor]):
+    """On rank 0: merge the other ranks' shards after its own, in rank order — the order a single process
+    streams the windows in, so top-k ties, call logs and every count come out as in one pass. Returns the
+    pooled stats."""
+    for share in shares[1:]:
+        for name, (state, calls) in share["logs"].items():
+            prof.logs[name].stats.merge(SiteStats.from_state_dict(state))
+            prof.logs[name].calls.extend(calls)
+        for kind, results in share["per_seq"].items():
+            prof.per_seq.setdefault(kind, []).extend(results)
+    prof.ids = [b.detach().cpu() for b in batches]
+    prof.seq_base = sum(int(b.shape[0]) for b in batches)
+    prof.tokens = sum(b.numel() for b in batches)
+    return _pool_layers(prof)
 
 
 def _pool_layers(prof: _Profiler) -> dict[str, tuple[SiteStats, list[tuple[int, int]]]]:
@@ -161,20 +192,40 @@ def _pool_layers(prof: _Profiler) -> dict[str, tuple[SiteStats, list[tuple[int, 
     return pooled
 
 
-def _exact_pass(model, batches, prof: _Profiler, pooled, chunk, progress: bool) -> None:
-    """Second pass over the same data: exact fp32 quantiles per layer and pooled per site."""
-    layer_pass = {n: e.stats.exact_pass() for n, e in prof.logs.items()}
-    site_pass = {kind: stats.exact_pass() for kind, (stats, _) in pooled.items()}
+def _exact_pass(model, mine, prof: _Profiler, pooled, chunk, progress: bool) -> None:
+    """Second pass over the same data: exact fp32 quantiles per layer and pooled per site. In a process group
+    every rank passes its own windows through the merged histograms and rank 0 pools the kept values."""
+    hists = distributed.on_main(lambda: None if not distributed.is_distributed() else (
+        {n: e.stats.hist.state_dict() for n, e in prof.logs.items()},
+        {kind: stats.hist.state_dict() for kind, (stats, _) in pooled.items()}))
+    if distributed.is_main():
+        layer_pass = {n: e.stats.exact_pass() for n, e in prof.logs.items()}
+        site_pass = {kind: stats.exact_pass() for kind, (stats, _) in pooled.items()}
+    else:
+        qs = next(iter(prof.logs.values())).stats.qs
+        layer_pass = {n: ExactPass(Quantiles.from_state_dict(h), qs) for n, h in hists[0].items()}
+        site_pass = {kind: ExactPass(Quantiles.from_state_dict(h), qs) for kind, h in hists[1].items()}
 
     def feed(name, probe, x, call):
         mask = probe.causal_mask(x, call.q_offset)
         layer_pass[name].update(x.detach(), mask)
         site_pass[probe.kind].update(x.detach(), mask)
 
-    kinds = tuple(site_pass)
-    with _eager_attention(model, chunk), torch.no_grad(), hooked(model, feed, kinds=kinds):
-        for ids in tqdm(batches, desc="exact median pass", disable=not progress, mininterval=2):
-            model(ids.to(_device_of(model)))
+    def local_pass():
+        kinds = tuple(site_pass)
+        with _eager_attention(model, chunk), torch.no_grad(), hooked(model, feed, kinds=kinds):
+            for ids in tqdm(mine, desc="exact median pass", disable=not progress, mininterval=2):
+                model(ids.to(_device_of(model)))
+        return None if distributed.is_main() else (layer_pass, site_pass)
+
+    def merge(shares):
+        for layers, sites in shares[1:]:
+            for name, part in layers.items():
+                layer_pass[name].merge(part)
+            for kind, part in sites.items():
+                site_pass[kind].merge(part)
+
+    distributed.reduce_on_main(local_pass, merge)
 
 
 class _eager_attention:
@@ -236,7 +287,7 @@ def _locate(kind: str, value: float, coords: list[int], layer: int, call: tuple[
         if len(coords) == 5:
             loc["map"] = coords[2]  # 0 = Q1K1ᵀ, 1 = Q2K2ᵀ
         loc["query"], loc["key"] = q_offset + coords[-2], coords[-1]
-    elif kind in ("hidden", "mlp_act"):
+    elif kind in TOKEN_KINDS:
         loc["position"], loc["channel"] = coords[1], coords[2]
         if ids is not None:
             loc["token_id"] = int(ids[loc["sequence"], loc["position"]])

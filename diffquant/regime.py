@@ -24,9 +24,11 @@ from scipy.stats import t as student_t
 
 from .checkpoint import load_checkpoint
 from .io import atomic_write_text
+from .kinds import ATTN_LOGITS, HIDDEN, SEQUENCE
 from .plots import plot_over_training
 from .profile import profile, token_batches
-from .report import comparison_rows, read_records, render_report
+from .records import read_records
+from .report import comparison_rows, render_report
 from .sweep import run_sweep
 from .tables import outlier_table, ratio_table, render
 
@@ -35,12 +37,14 @@ log = logging.getLogger(__name__)
 GATE_LOGIT_TOP1, GATE_PPL_FACTOR = 100.0, 2.0
 GATE_TASK = "tinystories"
 BITS = (16, 8, 6, 4)
-GRANULARITIES = ("tensor", "head", "head_map")  # per sequence; per head (Diff maps share); per head and map
+GRANULARITIES = (SEQUENCE, "head", "head_map")  # per sequence; per head (Diff maps share); per head and map
 LOCATED = 100  # top values whose positions are summarised
 ARCH_SHORT = {"transformer": "T", "diff": "D", "gated": "G", "clipped": "C"}
 
 
-def tokens_label(tokens: int) -> str:
+def tokens_label(tokens: int | None) -> str:
+    if tokens is None:
+        return "—"  # not known (a checkpoint without its training log)
     for unit, size in (("B", 10**9), ("M", 10**6), ("K", 10**3)):
         if tokens >= size:
             return f"{tokens / size:.3g}{unit}"
@@ -74,7 +78,7 @@ def sweep_pair(pair: dict, path: Path, tasks: dict[str, int | None], batch_size:
     """Figure-8 records (resumable JSONL at ``path``): attention logits at ``bits``, every granularity and task."""
     for granularity in granularities:
         for task, limit in tasks.items():
-            run_sweep(list(pair["checkpoints"].values()), path, "attn_logits", bits=bits, tasks=[task],
+            run_sweep(list(pair["checkpoints"].values()), path, ATTN_LOGITS, bits=bits, tasks=[task],
                       granularity=granularity, limit=limit, batch_size=batch_size, device=device, progress=False)
     return read_records(path)
 
@@ -88,7 +92,7 @@ def perplexity(records: list[dict], arch: str, bits: int, granularity: str | Non
     return None
 
 
-def ppl_growth(records: list[dict], arch: str, granularity: str = "tensor", bits: int = 4,
+def ppl_growth(records: list[dict], arch: str, granularity: str = SEQUENCE, bits: int = 4,
                task: str = GATE_TASK) -> float | None:
     """Perplexity with ``bits``-bit logits over the unquantized one."""
     base = perplexity(records, arch, 16, None, task)
@@ -118,21 +122,21 @@ def verdict(pair: dict, table5: dict[str, dict], records: list[dict]) -> dict:
 
     arms = list(pair["checkpoints"])
     growth = {arch: {g: ppl_growth(records, arch, g) for g in GRANULARITIES} for arch in arms}
-    gate = top1("transformer", "attn_logits") >= GATE_LOGIT_TOP1 and \
-        (growth["transformer"]["tensor"] or 0) >= GATE_PPL_FACTOR
+    gate = top1("transformer", ATTN_LOGITS) >= GATE_LOGIT_TOP1 and \
+        (growth["transformer"][SEQUENCE] or 0) >= GATE_PPL_FACTOR
     rows = [c for c in comparison_rows(records) if c.bits == 4]
     versus = {}
     for other in others(pair):
         versus[other] = {
-            "logit_ratio": top1("transformer", "attn_logits") / top1(other, "attn_logits"),
-            "hidden_ratio": top1("transformer", "hidden") / top1(other, "hidden"),
+            "logit_ratio": top1("transformer", ATTN_LOGITS) / top1(other, ATTN_LOGITS),
+            "hidden_ratio": top1("transformer", HIDDEN) / top1(other, HIDDEN),
             "advantage_4bit": {f"{c.scheme} {c.task}": {"advantage": c.advantage, "low": c.low, "high": c.high}
                                for c in rows if c.candidate_arch == other},
         }
     return {**pair, "gate": gate,
-            "logit_top1": {arch: top1(arch, "attn_logits") for arch in arms},
-            "hidden_top1": {arch: top1(arch, "hidden") for arch in arms},
-            "top_sites": {arch: {kind: top_sites(table5[arch]["sites"][kind]) for kind in ("attn_logits", "hidden")}
+            "logit_top1": {arch: top1(arch, ATTN_LOGITS) for arch in arms},
+            "hidden_top1": {arch: top1(arch, HIDDEN) for arch in arms},
+            "top_sites": {arch: {kind: top_sites(table5[arch]["sites"][kind]) for kind in (ATTN_LOGITS, HIDDEN)}
                           for arch in arms},
             "ppl_growth_4bit": growth, "versus": versus}
 
@@ -190,9 +194,14 @@ def _arms(r: dict, values: dict, digits: int) -> str:
     return " / ".join(f"{ARCH_SHORT[a]} {fmt(values[a], digits)}" for a in r["checkpoints"])
 
 
+def per_sequence(growth: dict) -> float | None:
+    """The per-sequence entry of a growth dict (verdicts written before the rename call it "tensor")."""
+    return growth[SEQUENCE] if SEQUENCE in growth else growth.get("tensor")
+
+
 def gate_table(results: list[dict]) -> str:
     rows = [[r["pair"], tokens_label(r["tokens"]), _arms(r, r["logit_top1"], 1),
-             _arms(r, {a: g["tensor"] for a, g in r["ppl_growth_4bit"].items()}, 2),
+             _arms(r, {a: per_sequence(g) for a, g in r["ppl_growth_4bit"].items()}, 2),
              "yes" if r["gate"] else "no"] for r in results]
     header = ["pair", "tokens", "logit top-1", "ppl × at 4-bit logits, per sequence",
               f"gate (T top-1 ≥ {GATE_LOGIT_TOP1:g}, T ppl × ≥ {GATE_PPL_FACTOR:g})"]
@@ -204,7 +213,7 @@ def sites_table(results: list[dict]) -> str:
     rows = []
     for r in results:
         for arch, sites in r["top_sites"].items():
-            logit, hidden = sites["attn_logits"], sites["hidden"]
+            logit, hidden = sites[ATTN_LOGITS], sites[HIDDEN]
             rows.append([r["pair"], arch, fmt(logit.get("first_token"), 2), fmt(logit.get("second_map"), 2),
                          ",".join(map(str, logit.get("layers", []))), fmt(hidden.get("first_token"), 2),
                          ",".join(map(str, hidden.get("layers", [])))])
@@ -253,12 +262,15 @@ def figure8_text(results: list[dict], sweep_path) -> str:
 
 
 def plot_trend(table5: dict[str, dict], results: list[dict], path: Path) -> None:
-    """Top-1 / median against training tokens, one line per (size, seed, arm), cooled pairs only."""
+    """Top-1 / median against training tokens, one line per (run, arm), cooled pairs only. A pair's ``run``
+    names the training run its budgets branch from (default: size and seed), so runs at different learning
+    rates or on different data are never joined into one line."""
     series: dict[str, list[dict]] = {}
     for r in results:
         if r.get("cooled"):
             for arch in r["checkpoints"]:
-                series.setdefault(f"{r['preset']}-s{r['seed']} {arch}", []).append(table5[r["pair"]][arch])
+                run = r.get("run", f"{r['preset']}-s{r['seed']}")
+                series.setdefault(f"{run} {arch}", []).append(table5[r["pair"]][arch])
     if series:
         plot_over_training(series, path)
 

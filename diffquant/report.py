@@ -17,7 +17,8 @@ A sweep (:mod:`diffquant.sweep`) writes one record per (checkpoint, quantization
   perplexity, ``Δloss(Transformer) − Δloss(other)`` with ``Δloss = ln(ppl_q / ppl_16)`` in nats per token,
   which is scale-free, so models with different base perplexities compare fairly;
 * :func:`render_report` prints them (markdown / latex: one wide table per scheme, columns = bits from 16 down,
-  accuracies in %; csv: one tidy row per number, raw values) and :func:`plot_degradation` draws the curves.
+  accuracies in %; csv: one tidy row per number, raw values); :func:`diffquant.plots.plot_degradation` draws
+  the curves.
 
 The 16-bit record is the unquantized model and belongs to no scheme: it is the first column of every scheme's
 table. Records are identified by :func:`record_key`; when a file holds the same key twice the last one wins.
@@ -27,20 +28,18 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import logging
 import math
-import os
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 from tabulate import tabulate
 
 from .config import ModelConfig
-from .evaluate import (
+from .kinds import SEQUENCE
+from .paired import (
     bootstrap_ppl_ci,
     difference_of_degradations,
     mcnemar_exact,
@@ -48,19 +47,21 @@ from .evaluate import (
     paired_bootstrap,
     paired_bootstrap_ppl,
 )
+from .records import (
+    BASELINE_BITS,
+    METRICS,
+    baseline_key,
+    checkpoint_label,
+    is_finite,
+    record_field,
+)
 from .tables import FORMATS
 
 log = logging.getLogger(__name__)
 
-BASELINE_BITS = 16
-# What makes two records the same measurement (resuming skips a cell whose key is already in the file).
-KEY_FIELDS = ("checkpoint", "target", "bits", "granularity", "group_size", "calib_tokens", "task", "limit", "subset",
-              "seed", "attn_impl")
-# A quantized record's baseline: the same checkpoint, data and evaluation settings at 16 bits.
-BASELINE_FIELDS = ("checkpoint", "task", "limit", "subset", "seed", "attn_impl")
-METRICS = {"perplexity": ("perplexity",), "multiple_choice": ("acc", "acc_norm"), "lambada": ("acc", "perplexity")}
 PRIMARY_METRIC = {"perplexity": "perplexity", "multiple_choice": "acc_norm", "lambada": "acc"}
 ACCURACY_KEYS = {"acc": "correct", "acc_norm": "correct_norm"}
+
 ARCH_NAMES = {"transformer": "Transformer", "diff": "Diff", "gated": "Gated", "clipped": "Clipped"}
 NONFINITE_MARK = "NaN/Inf"
 CSV_HEADER = ["section", "scheme", "model", "arch", "task", "metric", "bits", "value", "delta", "low", "high",
@@ -69,106 +70,21 @@ CSV_HEADER = ["section", "scheme", "model", "arch", "task", "metric", "bits", "v
 
 # ---------------------------------------------------------------------------------------------------- records
 
-def record_key(rec: dict) -> tuple:
-    return tuple(_hashable(_field(rec, f)) for f in KEY_FIELDS)
-
-
-def baseline_key(rec: dict) -> tuple:
-    return tuple(_hashable(_field(rec, f)) for f in BASELINE_FIELDS)
-
-
-def _field(rec: dict, name: str):
-    if name == "subset" and "subset" not in rec:  # records before `subset` existed: --limit was a seeded subset
-        return "random" if rec.get("limit") is not None else None
-    return rec.get(name)
-
-
-def _hashable(value):
-    return json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else value
-
-
-def read_records(path: str | os.PathLike, missing_ok: bool = False) -> list[dict]:
-    """The records of one JSONL file, in order. A last line cut short (no newline, not JSON) is skipped with a
-    warning: an interrupted writer leaves exactly that. Any other bad line is a one-line ValueError."""
-    path = Path(path)
-    if not path.is_file():
-        if missing_ok:
-            return []
-        raise FileNotFoundError(f"records file not found: {path}")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise ValueError(f"{path} is not a JSONL records file (not UTF-8 text)") from None
-    lines = text.split("\n")
-    records = []
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            if lineno == len(lines):  # the unterminated last line
-                log.warning("%s:%d: skipping a truncated last line (interrupted sweep?)", path, lineno)
-                continue
-            raise ValueError(f"{path}:{lineno}: not a JSON record") from None
-        problem = record_problem(rec)
-        if problem:
-            raise ValueError(f"{path}:{lineno}: not a sweep record ({problem})")
-        records.append(rec)
-    return records
-
-
-def record_problem(rec) -> str | None:
-    """What makes ``rec`` unusable as a sweep record (None when it is fine): the fields the tables read."""
-    if not isinstance(rec, dict) or not {"checkpoint", "bits", "task", "kind", "metrics"} <= rec.keys():
-        return "needs checkpoint, bits, task, kind, metrics"
-    if rec["kind"] not in METRICS or not isinstance(rec["metrics"], dict):
-        return f"kind must be one of {', '.join(METRICS)} and metrics an object"
-    if not isinstance(rec["bits"], int) or isinstance(rec["bits"], bool) or not isinstance(rec["checkpoint"], str):
-        return "bits must be an integer and checkpoint a string"
-    m = rec["metrics"]
-    units = "window_losses" if rec["kind"] == "perplexity" else "items"
-    if not isinstance(m.get(units), list) or not all(k in m for k in METRICS[rec["kind"]]):
-        return f"metrics need {', '.join(METRICS[rec['kind']])} and {units}"
-    if any(v is not None and not isinstance(v, (int, float)) for v in (m[k] for k in METRICS[rec["kind"]])):
-        return "metric values must be numbers or null"
-    return None
-
-
-def is_finite(rec: dict) -> bool:
-    """No NaN/Inf went into the record's metrics (older records may hold NaN; newer ones null + ``nonfinite``)."""
-    values = [rec["metrics"][k] for k in METRICS[rec["kind"]]]
-    return not rec.get("nonfinite") and all(v is not None and math.isfinite(v) for v in values)
-
-
-def load_records(paths: Sequence[str | os.PathLike]) -> list[dict]:
-    """Records of all files, duplicates (same :func:`record_key`) resolved in favour of the last one."""
-    latest: dict[tuple, dict] = {}
-    for path in paths:
-        for rec in read_records(path):
-            key = record_key(rec)
-            if key in latest:
-                log.warning("%s: a second record for %s; keeping the later one", path, key)
-            latest[key] = rec
-    if not latest:
-        raise ValueError(f"no records in {', '.join(str(p) for p in paths)}")
-    return list(latest.values())
-
-
 def scheme_of(rec: dict) -> str:
-    """A short name of the quantization scheme: ``attn_logits/tensor``, ``weights-gptq/g128``, ``16-bit``."""
+    """A short name of the quantization scheme: ``attn_logits/sequence``, ``weights-gptq/g128``, ``16-bit``."""
     if rec["bits"] == BASELINE_BITS or rec.get("target") is None:
         return "16-bit"
     if rec["target"].startswith("weights"):
         return f"{rec['target']}/" + (f"g{rec['group_size']}" if rec.get("group_size") else "channel")
-    return f"{rec['target']}/{rec.get('granularity') or 'tensor'}"
+    return f"{rec['target']}/{rec.get('granularity') or SEQUENCE}"
 
 
 def model_label(rec: dict) -> str:
-    return rec.get("label") or Path(rec["checkpoint"]).name
+    """The record's checkpoint label (:func:`~diffquant.checkpoint.checkpoint_label`, stored by the sweep)."""
+    return rec.get("label") or checkpoint_label(rec["checkpoint"])
 
 
-def _unique_labels(records: Sequence[dict]) -> list[dict]:
+def unique_labels(records: Sequence[dict]) -> list[dict]:
     """Records whose label is shared by two checkpoints get the checkpoint path as label (rows stay apart)."""
     owners: dict[str, set] = {}
     for r in records:
@@ -179,7 +95,7 @@ def _unique_labels(records: Sequence[dict]) -> list[dict]:
 def task_label(rec: dict) -> str:
     if rec.get("limit") is None:
         return rec["task"]
-    which = "first" if _field(rec, "subset") == "first" else "random"
+    which = "first" if record_field(rec, "subset") == "first" else "random"
     return f"{rec['task']} ({which} {rec['limit']})"
 
 
@@ -263,7 +179,7 @@ def degradation_rows(records: Sequence[dict], metrics: Sequence[str] | None = No
                      seed: int = 0) -> list[Cell]:
     """One :class:`Cell` per (scheme, model, task, metric, bits); 16-bit cells repeated in every scheme."""
     check_metrics(records, metrics)
-    records = _unique_labels(records)
+    records = unique_labels(records)
     base = _baselines(records)
     quantized = [r for r in records if r["bits"] != BASELINE_BITS]
     schemes = list(dict.fromkeys(scheme_of(r) for r in quantized)) or ["16-bit"]
@@ -309,7 +225,7 @@ def comparison_rows(records: Sequence[dict], metrics: Sequence[str] | None = Non
     """Every declared (Transformer, other arm) pair (:func:`declared_pairs`) measured at the same scheme, task
     (items), metric and quantized bits."""
     check_metrics(records, metrics)
-    records = _unique_labels(records)
+    records = unique_labels(records)
     partners = declared_pairs(records, pairs)
     base = _baselines(records)
     groups: dict[tuple, dict[str, list[dict]]] = {}
@@ -318,7 +234,8 @@ def comparison_rows(records: Sequence[dict], metrics: Sequence[str] | None = Non
             continue
         if not (is_finite(rec) and is_finite(base[baseline_key(rec)])):
             continue
-        where = (scheme_of(rec), rec["task"], rec.get("limit"), _field(rec, "subset"), rec.get("seed"), rec["bits"])
+        where = (scheme_of(rec), rec["task"], rec.get("limit"), record_field(rec, "subset"), rec.get("seed"),
+                 rec["bits"])
         groups.setdefault(where, {}).setdefault(rec["arch"], []).append(rec)
     out = []
     for (scheme, *_, bits), by_arch in groups.items():
@@ -430,7 +347,7 @@ def _loss_advantage(bt, qt, bd, qd, n_boot: int, seed: int, level: float = 0.95)
 
 # ---------------------------------------------------------------------------------------------------- rendering
 
-def _is_acc(metric: str) -> bool:
+def is_accuracy(metric: str) -> bool:
     return metric in ACCURACY_KEYS
 
 
@@ -445,11 +362,11 @@ def fixed(value: float, digits: int, signed: bool = False) -> str:
 
 def format_value(value: float, metric: str) -> str:
     """Accuracies in % with two decimals; perplexities with four significant digits."""
-    return f"{100 * value:.2f}" if _is_acc(metric) else fixed(value, 4)
+    return f"{100 * value:.2f}" if is_accuracy(metric) else fixed(value, 4)
 
 
 def format_delta(value: float, metric: str) -> str:
-    return f"{100 * value:+.2f}" if _is_acc(metric) else fixed(value, 3, signed=True)
+    return f"{100 * value:+.2f}" if is_accuracy(metric) else fixed(value, 3, signed=True)
 
 
 def format_cell(cell: Cell) -> str:
@@ -467,16 +384,16 @@ def format_cell(cell: Cell) -> str:
     return f"{text} ({inner})"
 
 
-def _bits_columns(bits: Iterable[int]) -> list[int]:
+def bits_columns(bits: Iterable[int]) -> list[int]:
     return sorted(set(bits), key=lambda b: (b != BASELINE_BITS, -b))
 
 
 def degradation_table(cells: Sequence[Cell], fmt: str = "markdown") -> str:
     """Wide table of one scheme: rows model × task × metric, columns bits (16 first, then descending)."""
-    columns = _bits_columns(c.bits for c in cells)
+    columns = bits_columns(c.bits for c in cells)
     rows: dict[tuple, dict[int, str]] = {}
     for c in cells:
-        metric = f"{c.metric} (%)" if _is_acc(c.metric) else c.metric
+        metric = f"{c.metric} (%)" if is_accuracy(c.metric) else c.metric
         rows.setdefault((c.model, c.task, metric), {})[c.bits] = format_cell(c)
     body = [[*key, *(row.get(b) for b in columns)] for key, row in rows.items()]
     return _render(["model", "task", "metric", *[f"{b} bit" for b in columns]], body, fmt)
@@ -485,7 +402,7 @@ def degradation_table(cells: Sequence[Cell], fmt: str = "markdown") -> str:
 def comparison_table(rows: Sequence[Comparison], fmt: str = "markdown") -> str:
     body = []
     for r in rows:
-        unit = f"{r.metric} (pp)" if _is_acc(r.metric) else f"{r.metric} (Δ ln ppl)"
+        unit = f"{r.metric} (pp)" if is_accuracy(r.metric) else f"{r.metric} (Δ ln ppl)"
         d = [format_advantage(v, r.metric)
              for v in (r.delta_transformer, r.delta_candidate, r.advantage, r.low, r.high)]
         body.append([r.task, unit, str(r.bits), f"{r.transformer} vs {r.candidate}", d[0], d[1],
@@ -496,7 +413,7 @@ def comparison_table(rows: Sequence[Comparison], fmt: str = "markdown") -> str:
 
 def format_advantage(value: float, metric: str) -> str:
     """Percentage points for accuracies, nats per token (4 decimals) for perplexity."""
-    return f"{100 * value:+.2f}" if _is_acc(metric) else f"{value:+.4f}"
+    return f"{100 * value:+.2f}" if is_accuracy(metric) else f"{value:+.4f}"
 
 
 def _render(header: list[str], rows: list[list], fmt: str) -> str:
@@ -554,10 +471,6 @@ def csv_rows(cells: Sequence[Cell], comparisons: Sequence[Comparison]) -> list[l
 
 # ---------------------------------------------------------------------------------------------------- plots
 
-LINESTYLES = {"transformer": "-", "diff": "--", "gated": "-.", "clipped": ":"}
-MARKERS = "osD^vP*Xph"
-
-
 def value_interval(rec: dict, metric: str, n_boot: int = 10000, seed: int = 0) -> tuple[float, float]:
     """The 95% bootstrap interval of a record's own value: over items (accuracy) or windows (perplexity)."""
     if metric in ACCURACY_KEYS:
@@ -566,92 +479,3 @@ def value_interval(rec: dict, metric: str, n_boot: int = 10000, seed: int = 0) -
         return out["low"], out["high"]
     out = bootstrap_ppl_ci(_windows(rec, metric), n=n_boot, seed=seed)
     return out["low"], out["high"]
-
-
-def plot_degradation(records: Sequence[dict], path: str | os.PathLike, metrics: Sequence[str] | None = None,
-                     n_boot: int = 10000, seed: int = 0) -> Path:
-    """Figure 8: metric against bits (16 → 4, left to right), one line per model (its own colour and marker;
-    line style by arch), one panel per (scheme, task, metric). Error bars at quantized bits span the paired 95%
-    interval of the change from 16 bits, placed at the 16-bit value plus the change's bounds; at 16 bits, the
-    95% bootstrap interval of the value itself. A caption under the panels says so and names the data (items,
-    windows and tokens per task). Default metrics: acc_norm for multiple choice, acc for LAMBADA, perplexity
-    for text."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only; never a window
-    import matplotlib.pyplot as plt
-
-    from .io import atomic_path
-
-    cells = [c for c in degradation_rows(records, metrics, n_boot, seed) if c.value is not None]
-    if metrics is None:
-        cells = [c for c in cells if c.metric == PRIMARY_METRIC[c.kind]]
-    if not cells:
-        raise ValueError("nothing to plot: no record holds finite results")
-    bases = {(model_label(r), task_label(r)): r for r in _unique_labels(records)
-             if r["bits"] == BASELINE_BITS and is_finite(r)}
-    models = list(dict.fromkeys(c.checkpoint for c in cells))  # one colour and marker per model, in every panel
-    panels = list(dict.fromkeys((c.scheme, c.task, c.metric) for c in cells))
-    ncols = min(3, len(panels))
-    nrows = math.ceil(len(panels) / ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(4.8 * ncols, 3.6 * nrows + 0.6), squeeze=False)
-    for ax, (scheme, task, metric) in zip(list(axes.flat)[:len(panels)], panels, strict=True):
-        mine = [c for c in cells if (c.scheme, c.task, c.metric) == (scheme, task, metric)]
-        columns = _bits_columns(c.bits for c in mine)
-        here = list(dict.fromkeys(c.checkpoint for c in mine))
-        for j, model in enumerate(here):
-            model_cells = [c for c in mine if c.checkpoint == model]
-            base = bases.get((model_cells[0].model, task))
-            _plot_model(ax, model_cells, columns, models.index(model),
-                        value_interval(base, metric, n_boot, seed) if base is not None else None,
-                        dodge=0.05 * (j - (len(here) - 1) / 2))  # side by side: intervals do not hide each other
-        scale = 100 if _is_acc(metric) else 1
-        ax.set(xticks=range(len(columns)), xticklabels=[str(b) for b in columns], xlabel="bits",
-               ylabel=f"{metric} (%)" if scale == 100 else metric, title=f"{task}\n{scheme}")
-        ax.legend(fontsize=7)
-    for ax in list(axes.flat)[len(panels):]:
-        ax.set_visible(False)
-    fig.tight_layout(rect=(0, 0.6 / (3.6 * nrows + 0.6), 1, 1))
-    fig.text(0.01, 0.005, figure_caption(list(bases.values()), n_boot), fontsize=7, va="bottom", ha="left",
-             wrap=True)
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    return Path(path)
-
-
-def figure_caption(baselines: Sequence[dict], n_boot: int) -> str:
-    """What the error bars are, and the data: items or windows and tokens per task (from the 16-bit records)."""
-    data = {}
-    for rec in baselines:
-        m = rec["metrics"]
-        size = (f"{m['windows']} windows, {m['tokens']:,} tokens" if rec["kind"] == "perplexity"
-                else f"{m.get('n', len(m.get('items', [])))} items")
-        data.setdefault(task_label(rec), size)
-    return ("Error bars: 95% bootstrap intervals (" + f"{n_boot:,}" + " resamples) - at 16 bits of the value, at "
-            "fewer bits of the paired change from 16 bits, drawn around the 16-bit value.  Data: "
-            + "; ".join(f"{task}: {size}" for task, size in data.items()) + ".")
-
-
-def _plot_model(ax, cells: Sequence[Cell], columns: list[int], i: int, base_interval, dodge: float = 0.0) -> None:
-    by_bits = {c.bits: c for c in cells}
-    xs = [columns.index(b) + dodge for b in columns if b in by_bits]
-    pts = [by_bits[b] for b in columns if b in by_bits]
-    scale = 100 if _is_acc(pts[0].metric) else 1
-    ys = [scale * c.value for c in pts]
-    base = by_bits.get(BASELINE_BITS)
-    lower, upper = [], []
-    for c, y in zip(pts, ys, strict=True):
-        if c.bits == BASELINE_BITS and base_interval is not None:  # the 16-bit value's own interval
-            lower.append(max(0.0, y - scale * base_interval[0]))
-            upper.append(max(0.0, scale * base_interval[1] - y))
-        elif c.delta is None or base is None:
-            lower.append(0.0)
-            upper.append(0.0)
-        else:  # the interval of the delta, placed at the 16-bit value
-            lower.append(max(0.0, y - scale * (base.value + c.low)))
-            upper.append(max(0.0, scale * (base.value + c.high) - y))
-    arch = pts[0].arch
-    ax.errorbar(xs, ys, yerr=[lower, upper], color=f"C{i % 10}", marker=MARKERS[i % len(MARKERS)],
-                linestyle=LINESTYLES.get(arch, "-"), capsize=3,
-                label=f"{pts[0].model} ({ARCH_NAMES.get(arch, arch or '?')})")

@@ -25,9 +25,11 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from .checkpoint.files import WEIGHTS_FILE
 from .corpus import MANIFEST, file_sha256, missing_shards, read_manifest, shard_name, token_dtype
 from .io import atomic_path, dump_json
 from .model import LM, KVCache
+from .tokenizer import tokenizer_file_name
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +110,7 @@ def _settings(teacher: Path, out: Path, model: LM, tokenizer, seed: int, batch_s
 
 
 def _weights_file(teacher: Path) -> Path:
-    return teacher / "model.safetensors" if teacher.is_dir() else teacher
+    return teacher / WEIGHTS_FILE if teacher.is_dir() else teacher
 
 
 def sample_corpus(teacher: str | Path, out: str | Path, tokens: int, seed: int = 0, batch_size: int = 256,
@@ -140,7 +142,7 @@ def sample_corpus(teacher: str | Path, out: str | Path, tokens: int, seed: int =
     shards = _reusable_shards(out, settings)
     n_shards = -(-tokens // shard_tokens)
     out.mkdir(parents=True, exist_ok=True)
-    tok_copy = out / ("tokenizer.model" if tokenizer.kind == "sentencepiece" else "tokenizer.json")
+    tok_copy = out / tokenizer_file_name(tokenizer)
     with atomic_path(tok_copy) as tmp:
         shutil.copyfile(tokenizer.path, tmp)
     bar = tqdm(total=n_shards, initial=min(len(shards), n_shards), desc="sample shards", disable=not progress)

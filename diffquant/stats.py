@@ -27,6 +27,7 @@ __all__ = [
     "DEFAULT_QUANTILES",
     "ChannelMax",
     "ExactPass",
+    "ExactSum",
     "Moments",
     "Quantiles",
     "SiteStats",
@@ -514,13 +515,26 @@ class ExactPass:
 
     def _compact(self, b: int) -> None:
         """Fold pending values of bin ``b`` into sorted distinct values with counts."""
-        vals, counts = self._kept[b]
         pend = self._pending[b]
-        allv = torch.cat([vals, *pend])
-        allc = torch.cat([counts, *(torch.ones(v.numel(), dtype=torch.long) for v in pend)])
-        uniq, inv = torch.unique(allv, sorted=True, return_inverse=True)
-        self._kept[b] = uniq, torch.zeros(uniq.numel(), dtype=torch.long).index_add_(0, inv, allc)
         self._pending[b] = []
+        self._fold(b, torch.cat(pend) if pend else _empty_kept()[0],
+                   torch.ones(sum(v.numel() for v in pend), dtype=torch.long))
+
+    def _fold(self, b: int, vals: torch.Tensor, counts: torch.Tensor) -> None:
+        kept_v, kept_c = self._kept[b]
+        uniq, inv = torch.unique(torch.cat([kept_v, vals]), sorted=True, return_inverse=True)
+        counts = torch.zeros(uniq.numel(), dtype=torch.long).index_add_(0, inv, torch.cat([kept_c, counts]))
+        self._kept[b] = uniq, counts
+
+    def merge(self, other: ExactPass) -> ExactPass:
+        """Pool a pass of the same histogram over other data (another shard of the stream): order-free."""
+        if self._expected.keys() != other._expected.keys() or self.n_expected != other.n_expected:
+            raise ValueError("cannot merge exact passes of different histograms")
+        self.n_seen += other.n_seen
+        for b in self._expected:
+            other._compact(b)
+            self._fold(b, *other._kept[b])
+        return self
 
     def result(self) -> dict[float, float | None]:
         if self.n_seen != self.n_expected:
@@ -560,15 +574,66 @@ def _sum_abs(p: _Prepared) -> float:
     return float(blocks + flat[whole:].sum(dtype=torch.float64))
 
 
+class ExactSum:
+    """A float sum that does not depend on the order of its terms: exact partials (Shewchuk, as ``math.fsum``),
+    rounded once when read. Shards of a stream summed on different processes merge to the very float a single
+    sequential pass gives, which a plain running ``+=`` cannot promise."""
+
+    def __init__(self, partials: Iterable[float] = ()):
+        self.partials: list[float] = []
+        self.special = 0.0  # ±Inf / NaN terms: kept apart, they would poison the exact partials
+        for x in partials:
+            self.add(x)
+
+    def add(self, x: float) -> None:
+        x = float(x)
+        if not math.isfinite(x):
+            self.special += x
+            return
+        kept = []
+        for y in self.partials:
+            if abs(x) < abs(y):
+                x, y = y, x
+            hi = x + y
+            lo = y - (hi - x)
+            if lo:
+                kept.append(lo)
+            x = hi
+        if math.isfinite(x):
+            self.partials = [*kept, x]
+        else:  # the exact partials overflowed: the sum is ±Inf whatever comes later
+            self.partials, self.special = [], self.special + x
+
+    def merge(self, other: ExactSum) -> ExactSum:
+        for x in other.partials:
+            self.add(x)
+        self.special += other.special
+        return self
+
+    @property
+    def value(self) -> float:
+        return math.fsum(self.partials) + self.special if self.special else math.fsum(self.partials)
+
+    def state(self) -> list[float]:
+        return [*self.partials, self.special] if self.special else list(self.partials)
+
+
 class Moments:
-    """Count of counted finite entries, mean |x| (relative error < ~1e-6), max |x|, NaN and ±Inf counts."""
+    """Count of counted finite entries, mean |x| (relative error < ~1e-6), max |x|, NaN and ±Inf counts.
+
+    The per-update sums are added exactly (:class:`ExactSum`), so merging shards in any order reproduces the
+    single-pass mean bit for bit."""
 
     def __init__(self):
         self.count = 0
-        self.sum = 0.0
+        self._sum = ExactSum()
         self.max: float | None = None
         self.nan = 0
         self.inf = 0
+
+    @property
+    def sum(self) -> float:
+        return self._sum.value
 
     @property
     def mean_abs(self) -> float | None:
@@ -583,7 +648,7 @@ class Moments:
         if p.n_valid == 0:
             return
         self.count += p.n_valid
-        self.sum += _sum_abs(p)
+        self._sum.add(_sum_abs(p))
         self._take_max(p.amax if p.amax is not None else float(p.a.max()))
 
     def _take_max(self, m: float | None) -> None:
@@ -592,7 +657,7 @@ class Moments:
 
     def merge(self, other: Moments) -> Moments:
         self.count += other.count
-        self.sum += other.sum
+        self._sum.merge(other._sum)
         self.nan += other.nan
         self.inf += other.inf
         self._take_max(other.max)
@@ -608,12 +673,14 @@ class Moments:
         }
 
     def state_dict(self) -> dict:
-        return {"count": self.count, "sum": self.sum, "max": self.max, "nan": self.nan, "inf": self.inf}
+        return {"count": self.count, "sum": self.sum, "sum_partials": self._sum.state(), "max": self.max,
+                "nan": self.nan, "inf": self.inf}
 
     @classmethod
     def from_state_dict(cls, d: dict) -> Moments:
         m = cls()
-        m.count, m.sum, m.max, m.nan, m.inf = d["count"], d["sum"], d["max"], d["nan"], d["inf"]
+        m.count, m.max, m.nan, m.inf = d["count"], d["max"], d["nan"], d["inf"]
+        m._sum = ExactSum(d.get("sum_partials", [d["sum"]]))
         return m
 
 
@@ -640,8 +707,12 @@ class Kurtosis:
     def __init__(self, dim: int = -1):
         self.dim = dim
         self.count = 0
-        self.sum = 0.0
+        self._sum = ExactSum()  # order-free, so merged shards equal one pass
         self.max: float | None = None
+
+    @property
+    def sum(self) -> float:
+        return self._sum.value
 
     def update(self, x: torch.Tensor) -> None:
         if x.ndim == 0 or x.numel() == 0 or x.shape[self.dim] < 2:
@@ -650,7 +721,7 @@ class Kurtosis:
         k = k[torch.isfinite(k)]
         if k.numel():
             self.count += k.numel()
-            self.sum += float(k.sum())
+            self._sum.add(float(k.sum()))
             self._take_max(float(k.max()))
 
     def _take_max(self, m: float | None) -> None:
@@ -659,7 +730,7 @@ class Kurtosis:
 
     def merge(self, other: Kurtosis) -> Kurtosis:
         self.count += other.count
-        self.sum += other.sum
+        self._sum.merge(other._sum)
         self._take_max(other.max)
         return self
 
@@ -667,12 +738,14 @@ class Kurtosis:
         return {"mean": self.sum / self.count if self.count else None, "max": self.max, "vectors": self.count}
 
     def state_dict(self) -> dict:
-        return {"dim": self.dim, "count": self.count, "sum": self.sum, "max": self.max}
+        return {"dim": self.dim, "count": self.count, "sum": self.sum, "sum_partials": self._sum.state(),
+                "max": self.max}
 
     @classmethod
     def from_state_dict(cls, d: dict) -> Kurtosis:
         k = cls(d["dim"])
-        k.count, k.sum, k.max = d["count"], d["sum"], d["max"]
+        k.count, k.max = d["count"], d["max"]
+        k._sum = ExactSum(d.get("sum_partials", [d["sum"]]))
         return k
 
 

@@ -2,7 +2,8 @@
 
 A sweep quantizes one *target* at the given bit widths and scores each result on each task:
 
-* targets: ``attn_logits``, ``qk``, ``probs``, ``hidden`` (dynamic absmax at those probes), ``linear_inputs``
+* targets: ``attn_logits``, ``attn_probs``, ``qk`` (``attn_q`` and ``attn_k``), ``hidden`` (dynamic absmax at
+  the probes of those kinds; ``probs``, the old name of ``attn_probs``, is still read), ``linear_inputs``
   (the inputs of the blocks' Linear layers), ``weights-rtn``, ``weights-gptq`` (the blocks' Linear weights);
 * 16 bits is the unquantized model (the paper's convention), for weight targets too. It belongs to no
   target, so one baseline record per checkpoint and task serves every target swept into the same file;
@@ -16,7 +17,7 @@ A sweep quantizes one *target* at the given bit widths and scores each result on
 
 Records (one JSON object per line) hold the metrics with their per-item / per-window results (for the paired
 statistics of :mod:`diffquant.report`), the quantization config, the settings, the model config and versions.
-The file is resumable: a cell whose :func:`~diffquant.report.record_key` is already there is skipped; each
+The file is resumable: a cell whose :func:`~diffquant.records.record_key` is already there is skipped; each
 checkpoint is loaded once and its float model is scored once per task. Each line is written in one call and
 flushed, so an interruption loses at most the record in progress (a cut-off last line is removed on resume).
 """
@@ -25,42 +26,58 @@ from __future__ import annotations
 
 import datetime
 import hashlib
-import json
 import logging
-import math
 import os
-import platform
 import time
 from collections.abc import Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-import torch
 from tqdm.auto import tqdm
 
-from .checkpoint import load_checkpoint, read_model_config
-from .data import SOURCES, data_fingerprint, documents, encode_documents
-from .evaluate import evaluate_task, finite_metrics, model_max_len, rolling_requests, score_requests, text_perplexity
+from . import distributed
+from .calibration import DEFAULT_CALIB_TOKENS, calibration_batch
+from .checkpoint import checkpoint_format, load_checkpoint, read_model_config
+from .config import ATTN_IMPLS as MODEL_ATTN_IMPLS
+from .data import SOURCES, data_fingerprint, documents
+from .evaluate import (
+    evaluate_task,
+    finite_metrics,
+    model_max_len,
+    perplexity_metrics,
+)
+from .hf_native import check_native, is_native_hf, load_native
 from .io import locked_append
-from .quant import ActQuant, QuantConfig, WeightQuant, quantize_model
-from .quant.packed import QUANT_FILE
-from .report import BASELINE_BITS, read_records, record_key
-from .tasks import SUBSETS, TASKS, canonical_task, limit_ids, load_task
-from .tokenizer import default_tokenizer_path, tokenizer_for
+from .kinds import ATTN_LOGITS, ATTN_PROBS, HIDDEN, SEQUENCE, canonical_granularity
+from .quant import ActQuant, QuantConfig, WeightQuant, quantize
+from .records import (
+    BASELINE_BITS,
+    SCHEMA,
+    append_record,
+    canonical_target,
+    checkpoint_label,
+    checkpoint_sha256,
+    read_records,
+    record_key,
+    repair_tail,
+    versions,
+)
+from .tasks import SUBSETS, TASKS, canonical_task, load_task
+from .tokenizer import tokenizer_for
 
 log = logging.getLogger(__name__)
 
-SCHEMA = 1
-# target -> the QuantConfig field it sets (activation targets) or the weight method
-ACT_TARGETS = {"attn_logits": "logits", "qk": "qk", "probs": "probs", "hidden": "hidden",
+# target -> the QuantConfig field it sets (activation targets: a probe kind where one kind is meant) or the
+# weight method
+ACT_TARGETS = {ATTN_LOGITS: "logits", ATTN_PROBS: "probs", "qk": "qk", HIDDEN: "hidden",
                "linear_inputs": "activations"}
 WEIGHT_TARGETS = {"weights-rtn": "rtn", "weights-gptq": "gptq"}
 TARGETS = (*ACT_TARGETS, *WEIGHT_TARGETS)
+
 PERPLEXITY_TASKS = {"wikitext2": "wikitext2-test", "test": "test", "validation": "validation",
                     "tinystories": "tinystories-cased"}
-DEFAULT_CALIB_TOKENS = 32768
-ATTN_IMPLS = ("eager", "sdpa")
+ATTN_IMPLS = tuple(i for i in MODEL_ATTN_IMPLS if i != "flash")  # flash is GPU-only and needs CUDA
 
 
 # ---------------------------------------------------------------------------------------------------- settings
@@ -92,6 +109,7 @@ class Scheme:
 
 def make_scheme(target: str, granularity: str | None = None, group_size: int | None = None,
                 calib_tokens: int | None = None) -> Scheme:
+    target = canonical_target(target)
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}")
     if target in WEIGHT_TARGETS:
@@ -108,7 +126,7 @@ def make_scheme(target: str, granularity: str | None = None, group_size: int | N
     else:
         if group_size is not None:
             raise ValueError("--group-size applies to weight targets only")
-        scheme = Scheme(target, granularity or "tensor")
+        scheme = Scheme(target, canonical_granularity(granularity or SEQUENCE))
     scheme.config(4)  # the quantizer's own checks (granularity names, 'head' on hidden states, ...)
     return scheme
 
@@ -177,39 +195,6 @@ def _task_data(task: Task, limit: int | None, seed: int, subset: str = "first"):
 
 # ---------------------------------------------------------------------------------------------------- scoring
 
-def document_windows(tokenizer, docs, max_len: int) -> list[tuple[list[int], list[int]]]:
-    """The rolling-window requests of :func:`~diffquant.evaluate.text_perplexity`, document by document."""
-    prefix = tokenizer.bos_id if tokenizer.bos_id is not None else tokenizer.eos_id
-    if prefix is None:
-        raise ValueError("the tokenizer has neither a BOS nor an EOS token to start each document with")
-    requests = []
-    for doc in docs:
-        ids = tokenizer.encode(getattr(doc, "text", doc))
-        if ids:
-            requests += rolling_requests([prefix, *ids], max_len)
-    if not requests:
-        raise ValueError("no text to score: every document is empty")
-    return requests
-
-
-def perplexity_metrics(model, tokenizer, docs, limit: int | None = None, seed: int = 0, batch_size: int = 8,
-                       progress: bool = True, subset: str = "first") -> dict:
-    """Rolling perplexity of ``docs``: all windows (:func:`text_perplexity`) or ``limit`` of them, the first or
-    (``subset="random"``) a seeded subset."""
-    if limit is None:
-        return text_perplexity(model, tokenizer, docs, batch_size=batch_size, progress=progress)
-    max_len = model_max_len(model)
-    requests = document_windows(tokenizer, docs, max_len)
-    chosen = limit_ids(len(requests), limit, subset, seed)
-    scores = score_requests(model, [requests[i] for i in chosen], batch_size, max_len, progress, desc="perplexity")
-    window_losses = [[-s["ll"], s["tokens"]] for s in scores]
-    nll = math.fsum(w[0] for w in window_losses)
-    tokens = sum(w[1] for w in window_losses)
-    return {"loss": nll / tokens, "perplexity": math.exp(nll / tokens), "tokens": tokens,
-            "windows": len(window_losses), "windows_total": len(requests), "max_len": max_len, "stride": max_len,
-            "window_ids": chosen, "window_losses": window_losses}
-
-
 def evaluate_cell(model, tokenizer, task: Task, data, limit: int | None, seed: int, batch_size: int,
                   progress: bool = True, subset: str = "first") -> dict:
     """The metrics of one (model, task) cell."""
@@ -219,84 +204,7 @@ def evaluate_cell(model, tokenizer, task: Task, data, limit: int | None, seed: i
                          batch_size=batch_size, progress=progress, path=task.source, subset=subset)
 
 
-# ---------------------------------------------------------------------------------------------------- calibration
-
-def calibration_batch(tokenizer, seq_len: int, n_tokens: int, seed: int = 0, data: str = "train") -> torch.Tensor:
-    """``ceil(n_tokens / seq_len)`` windows of ``seq_len`` tokens at seeded random offsets of ``data``: the train
-    split (cached tokens with the project tokenizer) or any documents() spec encoded with ``tokenizer``."""
-    ids = _calibration_ids(tokenizer, data)
-    if ids.size <= seq_len:
-        raise ValueError(f"calibration data {data!r} has {ids.size} tokens, not enough for a {seq_len}-token window")
-    rows = math.ceil(n_tokens / seq_len)
-    starts = np.random.default_rng(seed).integers(0, ids.size - seq_len + 1, size=rows)
-    return torch.from_numpy(np.stack([ids[s:s + seq_len] for s in starts]).astype(np.int64))
-
-
-def _calibration_ids(tokenizer, data: str) -> np.ndarray:
-    own = tokenizer.path is not None and Path(tokenizer.path).resolve() == default_tokenizer_path().resolve()
-    if own and data == "train":
-        from .train import split_tokens  # cached on disk
-
-        return split_tokens("train")[0]
-    return encode_documents(tokenizer, documents(data))
-
-
 # ---------------------------------------------------------------------------------------------------- records
-
-def model_label(path: str | os.PathLike) -> str:
-    """``run/final`` -> ``run``; ``run/step100`` -> ``run/step100``; ``x.gguf`` -> ``x``; else the name."""
-    p = Path(path)
-    if p.name == "final":
-        return p.parent.name
-    if p.name.startswith("step"):
-        return f"{p.parent.name}/{p.name}"
-    return p.stem if p.is_file() else p.name
-
-
-def checkpoint_sha256(path: str | os.PathLike) -> str:
-    """sha256 of a checkpoint's files (a folder's regular files with their names, or one file)."""
-    path = Path(path)
-    files = sorted(f for f in path.iterdir() if f.is_file()) if path.is_dir() else [path]
-    h = hashlib.sha256()
-    for f in files:
-        h.update(f.name.encode() + b"\0")
-        with f.open("rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                h.update(block)
-    return h.hexdigest()
-
-
-def versions() -> dict:
-    from . import __version__
-
-    return {"diffquant": __version__, "torch": torch.__version__, "numpy": np.__version__,
-            "python": platform.python_version()}
-
-
-def _repair_tail(path: Path) -> None:
-    """Drop a cut-off last line (an interrupted write) so appended records start on a fresh line."""
-    if not path.is_file():
-        return
-    data = path.read_bytes()
-    if not data or data.endswith(b"\n"):
-        return
-    cut = data.rfind(b"\n") + 1
-    try:
-        json.loads(data[cut:])
-    except ValueError:
-        log.warning("%s: removing a truncated last line", path)
-        os.truncate(path, cut)
-        return
-    with path.open("ab") as fh:
-        fh.write(b"\n")
-
-
-def _append(fh, record: dict) -> None:
-    # one call per line: a crash leaves whole lines or one cut-off tail; records are standard JSON (no NaN)
-    fh.write(json.dumps(record, allow_nan=False) + "\n")
-    fh.flush()
-    os.fsync(fh.fileno())
-
 
 # ---------------------------------------------------------------------------------------------------- the sweep
 
@@ -311,13 +219,15 @@ def run_sweep(checkpoints: Sequence[str | os.PathLike], out: str | os.PathLike, 
               bits: Sequence[int] = (16, 8, 6, 4), tasks: Sequence[str] = ("wikitext2",),
               granularity: str | None = None, group_size: int | None = None, limit: int | None = None,
               seed: int = 0, batch_size: int = 8, calib_tokens: int | None = None, calib_data: str = "train",
-              attn_impl: str = "eager", device: str = "cpu", progress: bool = True, subset: str = "first") -> dict:
+              attn_impl: str = "eager", device: str = "cpu", progress: bool = True, subset: str = "first",
+              dispatch: dict | None = None) -> dict:
     """Score every checkpoint × bits × task not yet in ``out``; returns ``{"out", "written", "nonfinite",
     "skipped"}``.
 
     Everything is checked before the first model is loaded (:func:`check_sweep`). One sweep writes ``out`` at a
     time (a lock); the cells already in it are read under the lock and skipped. NaN/Inf losses are recorded as
-    null metrics with a ``nonfinite`` count.
+    null metrics with a ``nonfinite`` count. ``dispatch``: :func:`~diffquant.offload.load_dispatched` options
+    (``device_map``, ``max_memory``, ``offload_folder``) for HF folders larger than one device.
     """
     scheme = make_scheme(target, granularity, group_size, calib_tokens)
     bits = check_bits(scheme, bits)
@@ -327,21 +237,38 @@ def run_sweep(checkpoints: Sequence[str | os.PathLike], out: str | os.PathLike, 
     subset = subset if limit is not None else None  # records: which items --limit kept (none without it)
     data = {t.name: _task_data(t, limit, seed, subset) for t in resolved}
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     total = len(checkpoints) * len(bits) * len(resolved)
     settings = {"limit": limit, "subset": subset, "seed": seed, "attn_impl": attn_impl, "batch_size": batch_size,
                 "device": device}
+    settings["dispatch"] = dispatch  # how to load, not part of a record
     counts = {"written": 0, "nonfinite": 0}
-    with locked_append(out) as fh, tqdm(total=total, desc="sweep", disable=not progress) as bar:
-        _repair_tail(out)
-        existing = read_records(out, missing_ok=True)  # read under the lock: no cell is computed twice
-        todo = [_plan(ckpt, existing, scheme, bits, resolved, settings) for ckpt in checkpoints]
+    progress = progress and distributed.is_main()
+    with _records_file(out) as fh, tqdm(total=total, desc="sweep", disable=not progress) as bar:
+        todo = distributed.on_main(lambda: _read_plan(out, checkpoints, scheme, bits, resolved, settings))
         bar.update(total - sum(len(c.cells) for c in todo))
         for ckpt in todo:
             if ckpt.cells:
                 _sweep_checkpoint(ckpt, scheme, data, settings, calib_data, fh, bar, progress, counts)
     log.info("%s: %d records written, %d already there", out, counts["written"], total - counts["written"])
     return {"out": str(out), **counts, "skipped": total - counts["written"]}
+
+
+@contextmanager
+def _records_file(out: Path):
+    """The locked records file on rank 0; None on the other ranks of a data-parallel sweep (they only score)."""
+    if not distributed.is_main():
+        yield None
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with locked_append(out) as fh:
+        yield fh
+
+
+def _read_plan(out: Path, checkpoints: list[str], scheme: Scheme, bits: list[int], tasks: list[Task],
+               settings: dict) -> list[_Checkpoint]:
+    repair_tail(out)
+    existing = read_records(out, missing_ok=True)  # read under the lock: no cell is computed twice
+    return [_plan(ckpt, existing, scheme, bits, tasks, settings) for ckpt in checkpoints]
 
 
 def check_sweep(scheme: Scheme, checkpoints: list[str], tasks: list[Task], limit: int | None, batch_size: int,
@@ -365,8 +292,11 @@ def check_sweep(scheme: Scheme, checkpoints: list[str], tasks: list[Task], limit
 
 def check_checkpoint(path: str, scheme: Scheme) -> None:
     """A float checkpoint whose config admits the scheme, read without loading a model."""
-    if (Path(path) / QUANT_FILE).is_file():
+    if checkpoint_format(path) == "packed":
         raise ValueError(f"{path} is already quantized; sweep its float checkpoint")
+    if is_native_hf(path):  # any other HF causal LM: quantized through HFProbed
+        check_native(path, scheme.config(4).probe_targets(), scheme.group_size)
+        return
     cfg = read_model_config(path)
     if scheme.group_size is not None:
         widths = sorted({cfg.d_model, cfg.q_dim, cfg.ffn_dim})
@@ -395,9 +325,17 @@ def _key_fields(path: str, scheme: Scheme, bits: int, task: Task, settings: dict
 
 def _sweep_checkpoint(ckpt: _Checkpoint, scheme: Scheme, data: dict, settings: dict, calib_data: str, fh, bar,
                       progress: bool, counts: dict) -> None:
-    model = load_checkpoint(ckpt.path, device=settings["device"], attn_impl=settings["attn_impl"])
+    device = distributed.local_device(settings["device"])  # "cuda" is this rank's GPU in a process group
+    if settings["dispatch"]:
+        from .offload import load_dispatched
+
+        model = load_dispatched(ckpt.path, **settings["dispatch"])
+    elif is_native_hf(ckpt.path):
+        model = load_native(ckpt.path, device)
+    else:
+        model = load_checkpoint(ckpt.path, device=device, attn_impl=settings["attn_impl"])
     tokenizer = tokenizer_for(ckpt.path)
-    about = {"checkpoint_sha256": ckpt.sha256, "label": model_label(ckpt.path), "arch": model.config.arch,
+    about = {"checkpoint_sha256": ckpt.sha256, "label": checkpoint_label(ckpt.path), "arch": model.config.arch,
              "model": model.config.to_dict(), "params": sum(p.numel() for p in model.parameters()),
              "tokenizer": tokenizer.path,
              "tokenizer_sha256": hashlib.sha256(Path(tokenizer.path).read_bytes()).hexdigest() if tokenizer.path
@@ -411,15 +349,16 @@ def _sweep_checkpoint(ckpt: _Checkpoint, scheme: Scheme, data: dict, settings: d
         else:
             if scheme.target == "weights-gptq" and calib is None:
                 calib = calibration_batch(tokenizer, model_max_len(model), scheme.calib_tokens, settings["seed"],
-                                          calib_data).to(settings["device"])
-            qmodel = quantize_model(model, config, calib=calib)
+                                          calib_data).to(device)
+            qmodel = quantize(model, config, calib=calib)
         quantize_s = time.perf_counter() - start
         for b, task in ckpt.cells:
             if b != bits:
                 continue
             record = _score(qmodel, tokenizer, task, data[task.name], ckpt, scheme, bits, config, settings,
                             calib_data, progress)
-            _append(fh, {**record, **about, "quantize_s": quantize_s})
+            if fh is not None:  # rank 0 writes; the other ranks of a data-parallel sweep only score
+                append_record(fh, {**record, **about, "quantize_s": quantize_s})
             counts["written"] += 1
             counts["nonfinite"] += "nonfinite" in record
             bar.update(1)

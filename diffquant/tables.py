@@ -4,18 +4,20 @@ from __future__ import annotations
 
 from tabulate import tabulate
 
+from .kinds import ATTN_CLIPPED, ATTN_DIFF, ATTN_GATE, ATTN_K, ATTN_LOGITS, ATTN_PROBS, ATTN_Q, HIDDEN, MLP_ACT
+
 TABLE5_RANKS = (1, 2, 3, 10, 100)
-SITE_NAMES = {"attn_logits": "attention logits", "hidden": "hidden states", "mlp_act": "MLP activations",
-              "attn_probs": "attention probs", "attn_q": "queries", "attn_k": "keys", "attn_diff": "diff map",
-              "attn_clipped": "clipped probs", "attn_gate": "attention gate"}
+SITE_NAMES = {ATTN_LOGITS: "attention logits", HIDDEN: "hidden states", MLP_ACT: "MLP activations",
+              ATTN_PROBS: "attention probs", ATTN_Q: "queries", ATTN_K: "keys", ATTN_DIFF: "diff map",
+              ATTN_CLIPPED: "clipped probs", ATTN_GATE: "attention gate"}
 FORMATS = {"markdown": "github", "github": "github", "csv": "csv", "latex": "latex", "plain": "plain"}
 
 # The paper's Table 5 (3B models, 0.4M tokens): reference values printed beside our measurements.
 PAPER_TABLE5 = {
-    ("transformer", "attn_logits"): (318.0, 308.2, 304.9, 284.7, 251.5, 5.4),
-    ("diff", "attn_logits"): (38.8, 38.8, 37.3, 32.0, 27.4, 3.3),
-    ("transformer", "hidden"): (3608.6, 3607.4, 3603.6, 3552.1, 2448.2, 0.6),
-    ("diff", "hidden"): (1688.2, 1672.5, 1672.1, 1624.3, 740.9, 1.2),
+    ("transformer", ATTN_LOGITS): (318.0, 308.2, 304.9, 284.7, 251.5, 5.4),
+    ("diff", ATTN_LOGITS): (38.8, 38.8, 37.3, 32.0, 27.4, 3.3),
+    ("transformer", HIDDEN): (3608.6, 3607.4, 3603.6, 3552.1, 2448.2, 0.6),
+    ("diff", HIDDEN): (1688.2, 1672.5, 1672.1, 1624.3, 740.9, 1.2),
 }
 HEADER = [f"Top-{r}" for r in TABLE5_RANKS] + ["Median"]
 

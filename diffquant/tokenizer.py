@@ -32,7 +32,14 @@ log = logging.getLogger(__name__)
 SPECIAL_TOKEN = "<|endoftext|>"
 DEFAULT_VOCAB_SIZE = 8192
 MIN_FREQUENCY = 2
-TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_FILE = "tokenizer.json"  # an HF tokenizers file
+SENTENCEPIECE_FILE = "tokenizer.model"  # a SentencePiece model
+TOKENIZER_FILES = (TOKENIZER_FILE, SENTENCEPIECE_FILE)  # what a checkpoint folder may ship, in lookup order
+
+
+def tokenizer_file_name(tokenizer: "Tokenizer") -> str:
+    """The name a tokenizer's file takes in a checkpoint folder or corpus."""
+    return SENTENCEPIECE_FILE if tokenizer.kind == "sentencepiece" else TOKENIZER_FILE
 
 
 class Tokenizer:
@@ -123,7 +130,7 @@ def tokenizer_for(checkpoint: str | os.PathLike) -> Tokenizer:
     ``x.gguf`` a SentencePiece ``x*.model`` beside it; the project tokenizer for our own checkpoints."""
     path = Path(checkpoint)
     if path.is_dir():
-        for name in (TOKENIZER_FILE, "tokenizer.model"):
+        for name in TOKENIZER_FILES:
             if (path / name).is_file():
                 return Tokenizer.load(path / name)
         return default_tokenizer()

@@ -12,9 +12,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .kinds import ATTN_LOGITS, HIDDEN
 from .profile import profile
 
-TRACKED_SITES = ("attn_logits", "hidden")
+TRACKED_SITES = (ATTN_LOGITS, HIDDEN)
 TOPK = 10
 
 

@@ -26,10 +26,10 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from .checkpoint import atomic_dir, load_checkpoint, save_checkpoint
+from .checkpoint import load_checkpoint, save_checkpoint
 from .config import ModelConfig
 from .errors import UserError
-from .io import atomic_path, atomic_write_text
+from .io import atomic_dir, atomic_path, atomic_write_text
 from .model import LM, build_model, num_params
 from .tracking import outlier_point
 

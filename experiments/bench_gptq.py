@@ -32,10 +32,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from diffquant.calibration import gptq_calibration
 from diffquant.checkpoint import load_checkpoint
-from diffquant.commands.quantize import _calibration
+from diffquant.checkpoint.gguf import stories260k_path, stories260k_tokenizer_path
 from diffquant.data import encode_documents, load_documents
-from diffquant.gguf import stories260k_path, stories260k_tokenizer_path
 from diffquant.quant import QuantConfig, WeightQuant, quantize_model
 from diffquant.tokenizer import Tokenizer
 
@@ -70,9 +70,7 @@ def calib_windows(model, ids: torch.Tensor, source: str, seed: int) -> torch.Ten
     if source == "tinystories":
         start, n = EVAL_WINDOWS * WINDOW, CALIB_TOKENS // WINDOW
         return ids[start:start + n * WINDOW].view(n, WINDOW)
-    calib_args = argparse.Namespace(tokenizer=None, checkpoint=str(stories260k_path()), calib_seq_len=WINDOW,
-                                    calib_tokens=CALIB_TOKENS, seed=seed)
-    return _calibration(calib_args, model)[0]
+    return gptq_calibration(stories260k_path(), model, CALIB_TOKENS, WINDOW, seed)[0]
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -86,7 +84,7 @@ def export_hf(model, folder: Path) -> None:
     from tokenizers import models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from diffquant.hf import to_hf_model
+    from diffquant.checkpoint.hf import to_hf_model
 
     c = model.config
     to_hf_model(model).save_pretrained(folder)  # the converter the HF round-trip tests check

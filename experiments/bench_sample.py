@@ -14,7 +14,7 @@ import time
 import torch
 
 from diffquant import load_checkpoint
-from diffquant.gguf import stories260k_path
+from diffquant.checkpoint.gguf import stories260k_path
 from diffquant.sample import sample_stories
 
 

@@ -16,7 +16,9 @@ import os
 from pathlib import Path
 
 from diffquant.io import atomic_write_text
-from diffquant.report import plot_degradation, read_records, render_report
+from diffquant.plots import plot_degradation
+from diffquant.records import read_records
+from diffquant.report import render_report
 from diffquant.sweep import run_sweep
 
 REPO = Path(__file__).resolve().parent.parent

@@ -28,9 +28,9 @@ import torch
 import torch.nn.functional as F
 
 from diffquant.checkpoint import load_checkpoint
+from diffquant.checkpoint.gguf import stories260k_path, stories260k_tokenizer_path
 from diffquant.data import data_fingerprint, encode_documents, load_documents
 from diffquant.generate import greedy_generate
-from diffquant.gguf import stories260k_path, stories260k_tokenizer_path
 from diffquant.model import LM
 from diffquant.tokenizer import Tokenizer
 

@@ -63,7 +63,7 @@ def test_refuses_to_overwrite_unless_asked(saved):
 
 
 def test_failed_save_leaves_no_trace(tmp_path, tiny, monkeypatch):
-    import diffquant.checkpoint as ck
+    import diffquant.checkpoint.native as ck
 
     def broken(*args, **kwargs):
         raise OSError("disk full")

@@ -13,12 +13,12 @@ import torch
 from safetensors.torch import load_file
 
 from diffquant import build_model
-from diffquant.checkpoint import CheckpointError, load_checkpoint
+from diffquant.checkpoint import CheckpointError, load_checkpoint, save_quantized
+from diffquant.checkpoint.hf import _row_maps
 from diffquant.cli import main
 from diffquant.compressed import hf_linear_name, pack_int32, save_compressed
 from diffquant.exports import block_int_weights, dequantized_copy
-from diffquant.hf import _row_maps
-from diffquant.quant import ActQuant, QuantConfig, WeightQuant, save_quantized
+from diffquant.quant import ActQuant, QuantConfig, WeightQuant
 from diffquant.quant.api import quantize
 
 from .conftest import tiny_config

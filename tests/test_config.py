@@ -36,7 +36,7 @@ def test_small_preset_size_is_in_the_cpu_budget():
 
 
 def test_xs_is_the_stories260k_shape_and_s_reaches_the_papers_lambda_range():
-    from diffquant.gguf import load_gguf, stories260k_path
+    from diffquant.checkpoint.gguf import load_gguf, stories260k_path
 
     xs = ModelConfig.preset("xs")
     real = load_gguf(stories260k_path()).config

@@ -151,6 +151,7 @@ def real_splits():
     return {s: D.load_split(s) for s in D.SPLITS}
 
 
+@pytest.mark.slow  # ≥ 9 s (pytest --durations)
 def test_real_splits_disjoint_and_deterministic(real_splits):
     names = {s: [d.name for d in docs] for s, docs in real_splits.items()}
     sets = {s: set(n) for s, n in names.items()}

@@ -18,18 +18,25 @@ def test_demo_writes_tables_records_and_plots(tmp_path, capsys):
         save_checkpoint(build_model(tiny_config(arch, vocab_size=8192, max_seq_len=64), seed=1), path)
         pair.append(str(path))
     out = tmp_path / "demo"
-    code = main(["demo", "--out", str(out), "--pair", *pair, "--no-stories", "--profile-tokens", "512",
-                 "--ppl-windows", "2", "--limit", "4", "--tasks", "wikitext2", "--calib-tokens", "128"])
+    code = main(["demo", "--out", str(out), "--pair", *pair, "--no-stories", "--profile-windows", "4",
+                 "--ppl-windows", "2", "--tasks", "tinystories,test", "--calib-tokens", "128"])
     assert code == 0
     printed = capsys.readouterr().out
     assert "attention logits" in printed and "Transformer/Diff" in printed and "16 bit" in printed
+    assert "gate (T top-1" in printed
     outliers = json.loads((out / "outliers.json").read_text())
     assert outliers["diff"]["sites"]["attn_logits"]["count"] > 0
     records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
-    targets = {r["target"] for r in records}
-    assert targets == {None, "attn_logits", "weights-rtn", "weights-gptq", "linear_inputs"}
+    assert {r["target"] for r in records} == {None, "attn_logits", "weights-rtn", "weights-gptq", "linear_inputs"}
+    assert {r["granularity"] for r in records if r["target"] == "attn_logits"} == {"sequence", "head", "head_map"}
+    assert {r["task"] for r in records} == {"tinystories", "test"}
+    summary = json.loads((out / "summary.json").read_text())
+    tr_top1 = outliers["transformer"]["sites"]["attn_logits"]["top"][0]
+    assert summary["verdict"]["logit_top1"]["transformer"] == tr_top1
+    assert summary["verdict"]["gate"] == (tr_top1 >= 100 and summary["verdict"]["ppl_growth_4bit"]["transformer"][
+        "sequence"] >= 2)  # random tiny models: the gate is computed, whichever way it falls
     for name in ("outliers.md", "outliers-layers.png", "outliers-hist.png", "degradation.md", "figure8.png",
-                 "summary.json"):
+                 "gate.md", "summary.json"):
         assert (out / name).stat().st_size > 0
 
 
@@ -38,3 +45,16 @@ def test_demo_without_the_shipped_models_is_a_one_line_error(tmp_path, capsys):
     assert code == 2
     err = capsys.readouterr().err
     assert "not found" in err and err.count("\n") == 1
+
+
+def test_demo_pair_of_one_arch_is_a_one_line_error(tmp_path, capsys):
+    pair = []
+    for name in ("a", "b"):
+        path = tmp_path / name / "final"
+        save_checkpoint(build_model(tiny_config("transformer", vocab_size=8192, max_seq_len=64), seed=1), path)
+        pair.append(str(path))
+    code = main(["demo", "--out", str(tmp_path / "d"), "--pair", *pair])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "both models are transformer" in err and err.count("\n") == 1
+    assert not (tmp_path / "d").exists()

@@ -11,23 +11,25 @@ import torch.nn.functional as F
 import diffquant as dq
 from diffquant.data import calib_dir
 from diffquant.evaluate import (
-    bootstrap_ppl_ci,
-    difference_of_degradations,
-    discordant_counts,
     encode_pair,
     evaluate_task,
     get_rolling_token_windows,
     make_disjoint_window,
-    mcnemar_exact,
-    paired_arrays,
-    paired_bootstrap,
-    paired_bootstrap_ppl,
     rolling_perplexity,
     rolling_requests,
     score_lambada,
     score_multiple_choice,
     score_requests,
     text_perplexity,
+)
+from diffquant.paired import (
+    bootstrap_ppl_ci,
+    difference_of_degradations,
+    discordant_counts,
+    mcnemar_exact,
+    paired_arrays,
+    paired_bootstrap,
+    paired_bootstrap_ppl,
 )
 from diffquant.tasks import load_task
 from diffquant.tokenizer import default_tokenizer

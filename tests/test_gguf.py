@@ -11,10 +11,10 @@ import torch.nn.functional as F
 
 from diffquant import build_model
 from diffquant.checkpoint import CheckpointError, load_checkpoint
+from diffquant.checkpoint.gguf import load_gguf, read_vocab, stories260k_path, stories260k_tokenizer_path
 from diffquant.cli import main
 from diffquant.data import encode_documents, load_documents
 from diffquant.generate import greedy_generate
-from diffquant.gguf import load_gguf, read_vocab, stories260k_path, stories260k_tokenizer_path
 from diffquant.tokenizer import Tokenizer
 
 from .conftest import tiny_config

@@ -13,14 +13,14 @@ import pytest
 import torch
 
 from diffquant import build_model
-from diffquant.checkpoint import CheckpointError, load_checkpoint
+from diffquant.checkpoint import CheckpointError, load_checkpoint, save_quantized
+from diffquant.checkpoint.gguf import stories260k_path, stories260k_tokenizer_path
 from diffquant.cli import main
 from diffquant.errors import UserError
 from diffquant.exports import dequantized_copy
 from diffquant.ggml_blocks import dequantize, encode_blocks, llamacpp_quantize
-from diffquant.gguf import stories260k_path, stories260k_tokenizer_path
 from diffquant.gguf_export import gguf_name, save_gguf
-from diffquant.quant import QuantConfig, WeightQuant, save_quantized
+from diffquant.quant import QuantConfig, WeightQuant
 from diffquant.quant.api import quantize
 from diffquant.tokenizer import Tokenizer
 
@@ -120,7 +120,7 @@ def test_float_model_is_rounded_by_llamacpp(qtype, tmp_path):
 @pytest.mark.parametrize("qtype, wq", [
     ("q4_0", WeightQuant("rtn", bits=4, group_size=32)),
     ("q4_0", WeightQuant("gptq", bits=4, group_size=32)),  # the "full" grid: codes 0..15 around 8
-    ("q4_0", WeightQuant("rtn", bits=3, group_size=64)),
+    ("q4_0", WeightQuant("rtn", bits=3, group_size=32)),
     ("q8_0", WeightQuant("rtn", bits=8, group_size=None)),
     ("q8_0", WeightQuant("rtn", bits=4, group_size=32, symmetric=False)),  # code - zero in -15..15
 ])

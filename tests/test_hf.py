@@ -11,11 +11,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DiffLlamaConfig, L
 
 from diffquant import build_model, load_checkpoint, save_checkpoint
 from diffquant.checkpoint import CheckpointError
+from diffquant.checkpoint.gguf import stories260k_path
+from diffquant.checkpoint.hf import SIDECAR_FILE, from_hf_model, save_hf, to_hf_model, to_hf_state_dict
 from diffquant.cli import main
 from diffquant.data import load_documents
 from diffquant.generate import greedy_generate
-from diffquant.gguf import stories260k_path
-from diffquant.hf import SIDECAR_FILE, from_hf_model, save_hf, to_hf_model, to_hf_state_dict
 from diffquant.tokenizer import default_tokenizer, tokenizer_for
 
 from .conftest import tiny_config

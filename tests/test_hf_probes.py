@@ -11,19 +11,21 @@ import torch
 from transformers import (
     AutoModelForCausalLM,
     DiffLlamaConfig,
+    GemmaConfig,
     GPT2Config,
     GPTNeoXConfig,
     LlamaConfig,
     MistralConfig,
     OPTConfig,
+    PhiConfig,
     Qwen2Config,
 )
 
 from diffquant import build_model, hooked, load_checkpoint, probes
+from diffquant.checkpoint.gguf import stories260k_path
+from diffquant.checkpoint.hf import save_hf, to_hf_model
 from diffquant.cli import main
 from diffquant.data import encode_documents, load_documents
-from diffquant.gguf import stories260k_path
-from diffquant.hf import save_hf, to_hf_model
 from diffquant.hf_probes import HFProbed, load_for_profiling
 from diffquant.profile import profile, token_batches
 from diffquant.tokenizer import default_tokenizer_path, tokenizer_for
@@ -32,6 +34,7 @@ from .conftest import tiny_config
 from .helpers import randomize_, randomize_hf_
 
 V, T = 97, 20
+WINDOW = 6
 _COMMON = dict(vocab_size=V, num_hidden_layers=2, max_position_embeddings=64)
 _LLAMA_LIKE = dict(hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2, **_COMMON)
 CONFIGS = {
@@ -42,9 +45,12 @@ CONFIGS = {
     "qwen2": lambda: Qwen2Config(**_LLAMA_LIKE),
     "gpt2": lambda: GPT2Config(vocab_size=V, n_embd=32, n_layer=2, n_head=4, n_positions=64, bos_token_id=0,
                                eos_token_id=0),
+    "phi": lambda: PhiConfig(hidden_size=32, intermediate_size=48, num_attention_heads=4, **_COMMON),
+    "gemma": lambda: GemmaConfig(head_dim=8, **_LLAMA_LIKE),
+    "gpt_neox": lambda: GPTNeoXConfig(hidden_size=32, intermediate_size=48, num_attention_heads=4, **_COMMON),
+    "mistral_sliding": lambda: MistralConfig(sliding_window=WINDOW, **_LLAMA_LIKE),  # T = 20 > the window
 }
 HIDDEN_ONLY = {
-    "gpt_neox": lambda: GPTNeoXConfig(hidden_size=32, intermediate_size=48, num_attention_heads=4, **_COMMON),
     "opt": lambda: OPTConfig(hidden_size=32, ffn_dim=48, num_attention_heads=4, word_embed_proj_dim=32,
                              bos_token_id=0, eos_token_id=0, pad_token_id=1, **_COMMON),
 }
@@ -67,8 +73,10 @@ def capture(model, x, kinds):
     return seen, out
 
 
-def causal_softmax(logits):
+def causal_softmax(logits, window=None):
     keep = torch.ones(logits.shape[-2:], dtype=torch.bool).tril()
+    if window is not None:  # HF's sliding_window_overlay: key > query - window
+        keep &= ~torch.ones_like(keep).tril(-window)
     return torch.softmax(logits.masked_fill(~keep, -math.inf), dim=-1)
 
 
@@ -90,6 +98,16 @@ def test_probed_forward_equals_hf_eager_bit_for_bit(model_type):
     assert set(report.sites) == {"attn_logits", "hidden"}
 
 
+def test_sliding_window_logits_count_inside_the_window_only():
+    """Mistral's window: HF's own mask in the softmax, and the probe's mask (observers, quantizers) keeps the
+    same entries, so the profile counts T·W − W(W−1)/2 logits per map, not T(T+1)/2."""
+    wrapped = HFProbed(hf_random("mistral_sliding"))
+    assert probes(wrapped, "attn_logits")["layers.0.attn.logits"].window == WINDOW
+    report = profile(wrapped, [ids()], topk=5, progress=False, sites=("attn_logits",))
+    per_map = T * WINDOW - WINDOW * (WINDOW - 1) // 2
+    assert report.sites["attn_logits"]["count"] == 2 * 2 * 4 * per_map
+
+
 # -- the logits are the ones HF's softmax sees -------------------------------------------------------------
 
 @pytest.mark.parametrize("model_type", sorted(CONFIGS))
@@ -106,7 +124,8 @@ def test_probed_logits_reproduce_hf_attention_probabilities(model_type):
         if model_type == "diffllama":  # ours (B, H, 2, T, S) -> HF's half-heads (B, 2H, T, S)
             assert logits.shape == (2, 4, 2, T, T)
             logits = logits.transpose(1, 2).flatten(1, 2)
-        torch.testing.assert_close(causal_softmax(logits), probs, rtol=0, atol=1e-6)
+        window = WINDOW if model_type == "mistral_sliding" else None
+        torch.testing.assert_close(causal_softmax(logits, window), probs, rtol=0, atol=1e-6)
 
 
 def test_native_llama_logits_equal_a_hand_written_reference():

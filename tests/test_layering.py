@@ -12,7 +12,7 @@ follow the imports transitively:
     ``diffquant.__main__``);
 (d) library modules never call ``print`` (they log), except the calls listed in :data:`ALLOWED_PRINTS`.
 
-The allow-lists describe today's known violations (issue 14, item 1) and are a ratchet: a new violation fails,
+The allow-lists (all empty since issue 14 untied the checkpoint knot) are a ratchet: a new violation fails,
 and so does an entry that no longer exists, so the list shrinks when a knot is untied. Importing a submodule
 also runs its parent packages' ``__init__`` at run time; those implicit edges are left out (as import-linter
 does), otherwise ``diffquant/__init__.py``, which imports the public names, would put every module in one cycle.
@@ -28,23 +28,14 @@ import pytest
 PACKAGE = "diffquant"
 ROOT = Path(__file__).resolve().parents[1] / PACKAGE
 
-# (a) Today's cycles, each one strongly connected component (a set of modules that import each other,
-# directly or not). All of them are the checkpoint knot of issue 14, item 1: checkpoint.py dispatches to the
-# packed, GGUF and HF readers with lazy imports, and they import its helpers (CheckpointError, _check_match,
-# expected_shapes, _read_tensors, atomic_dir, read_config, read_metadata, check_capacity, ...) back. Since
-# quant.packed also imports quant.api -> quant.act / .linear / ... but none of those import packed or checkpoint,
-# the component is exactly these four modules.
-ALLOWED_CYCLES: list[frozenset[str]] = [
-    frozenset({"diffquant.checkpoint", "diffquant.gguf", "diffquant.hf", "diffquant.quant.packed"}),
-]
+# (a) Allowed cycles, each one strongly connected component (a set of modules that import each other, directly
+# or not). None: the checkpoint knot (issue 14, item 1) was untied by the diffquant.checkpoint package, whose
+# format modules import the shared helpers in checkpoint.files, never the dispatcher.
+ALLOWED_CYCLES: list[frozenset[str]] = []
 
-# (b) Edges out of diffquant.quant that today lead to the model code: packed.load_quantized builds the float
-# skeleton itself (lazy imports of diffquant.model.build_model and of the checkpoint helpers, and checkpoint
-# imports the model). With these edges removed no quant module reaches diffquant.model.
-ALLOWED_QUANT_TO_MODEL: set[tuple[str, str]] = {
-    ("diffquant.quant.packed", "diffquant.model"),
-    ("diffquant.quant.packed", "diffquant.checkpoint"),
-}
+# (b) Allowed edges out of diffquant.quant that lead to the model code. None: packed checkpoints, which build the
+# float skeleton, live in diffquant.checkpoint.packed.
+ALLOWED_QUANT_TO_MODEL: set[tuple[str, str]] = set()
 
 # (d) print() calls in library modules, as (module, line). None today: the library logs.
 ALLOWED_PRINTS: set[tuple[str, int]] = set()
@@ -243,8 +234,10 @@ def parsed():
 def test_graph_is_the_package(parsed):
     graph, _ = parsed
     # spot checks that imports are resolved: relative, lazy (inside functions), and `from . import module`
-    assert "diffquant.model" in graph["diffquant.checkpoint"]
-    assert "diffquant.hf" in graph["diffquant.checkpoint"]  # `from . import hf` inside a function
+    assert "diffquant.model" in graph["diffquant.checkpoint.native"]
+    assert "diffquant.checkpoint.hf" in graph["diffquant.checkpoint"]  # `from .hf import ...`
+    assert "diffquant.checkpoint.hf" in graph["diffquant.hf_probes"]
+    assert "diffquant.quant.bnb" in graph["diffquant.checkpoint.packed"]  # lazy relative import
     assert "diffquant.quant.bnb" in graph["diffquant.quant.api"]  # lazy absolute import
     assert "diffquant.commands" in graph["diffquant.cli"]
     assert "diffquant.quant.config" in graph["diffquant.quant.linear"]

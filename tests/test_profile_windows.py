@@ -6,8 +6,8 @@ import torch
 
 import diffquant as dq
 from diffquant.checkpoint import training_context
+from diffquant.checkpoint.gguf import stories260k_path
 from diffquant.cli import main
-from diffquant.gguf import stories260k_path
 
 from .conftest import tiny_config
 

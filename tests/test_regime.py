@@ -7,6 +7,7 @@ import random
 import pytest
 
 from diffquant import regime
+from diffquant.kinds import SEQUENCE
 from diffquant.report import Comparison
 
 
@@ -38,7 +39,7 @@ def test_the_gate_needs_both_a_large_logit_and_a_doubling_perplexity(monkeypatch
     res = regime.verdict(PAIR, table5({"transformer": t_top1, "diff": 50.0, "gated": 25.0},
                                       {"transformer": 40.0, "diff": 10.0, "gated": 80.0}), records)
     assert res["gate"] is gate
-    assert res["ppl_growth_4bit"]["transformer"]["tensor"] == pytest.approx(t_growth)
+    assert res["ppl_growth_4bit"]["transformer"][SEQUENCE] == pytest.approx(t_growth)
     assert res["versus"]["diff"]["logit_ratio"] == pytest.approx(t_top1 / 50.0)
     assert res["versus"]["gated"]["hidden_ratio"] == pytest.approx(0.5)
 
@@ -116,3 +117,16 @@ def test_plot_tracked_draws_arms_and_ratios_from_train_logs(tmp_path):
 
     path = plot_tracked({"transformer": log(2.0), "diff": log(1.0), "diff cooled": log(0.5)}, tmp_path / "t.png")
     assert path.stat().st_size > 10_000
+
+
+def test_trend_lines_join_only_budgets_of_one_run(monkeypatch, tmp_path):
+    drawn = {}
+    monkeypatch.setattr(regime, "plot_over_training", lambda series, path: drawn.update(series))
+    pairs = [{**PAIR, "pair": name, "run": run, "tokens": tokens, "cooled": cooled,
+              "checkpoints": {"transformer": "t", "diff": "d"}}
+             for name, run, tokens, cooled in (("a-6M", "lr1e-2", 6, True), ("b-40M", "lr3e-3", 40, True),
+                                               ("b-80M", "lr3e-3", 80, True), ("b-raw", "lr3e-3", 90, False))]
+    table = {p["pair"]: {arch: {"train_tokens": p["tokens"]} for arch in ("transformer", "diff")} for p in pairs}
+    regime.plot_trend(table, pairs, tmp_path / "trend.png")
+    assert sorted(drawn) == ["lr1e-2 diff", "lr1e-2 transformer", "lr3e-3 diff", "lr3e-3 transformer"]
+    assert [r["train_tokens"] for r in drawn["lr3e-3 diff"]] == [40, 80]  # the uncooled budget stays out

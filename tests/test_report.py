@@ -20,16 +20,10 @@ import numpy as np
 import pytest
 
 from diffquant.cli import main
-from diffquant.evaluate import difference_of_degradations, mcnemar_exact, paired_bootstrap, paired_bootstrap_ppl
-from diffquant.report import (
-    comparison_rows,
-    degradation_rows,
-    format_cell,
-    load_records,
-    plot_degradation,
-    read_records,
-    render_report,
-)
+from diffquant.paired import difference_of_degradations, mcnemar_exact, paired_bootstrap, paired_bootstrap_ppl
+from diffquant.plots import plot_degradation
+from diffquant.records import load_records, read_records
+from diffquant.report import comparison_rows, degradation_rows, format_cell, render_report
 
 FIXTURE = Path(__file__).parent / "fixtures" / "records.jsonl"
 CORRECT = {"acc": "correct", "acc_norm": "correct_norm"}
@@ -115,7 +109,7 @@ def _markdown_tables(text):
 def test_markdown_cells_are_the_recomputed_numbers(records):
     tables = _markdown_tables(render_report(records, "markdown"))
     schemes = [h for h in tables if "Diff vs Transformer" not in h]
-    assert [h.split(":")[0] for h in schemes] == ["attn_logits/tensor", "weights-rtn/g16"]
+    assert [h.split(":")[0] for h in schemes] == ["attn_logits/sequence", "weights-rtn/g16"]
     for cell in degradation_rows(records):
         (table,) = [rows for h, rows in tables.items() if h.startswith(cell.scheme + ": value")]
         metric = f"{cell.metric} (%)" if cell.metric in CORRECT else cell.metric
@@ -125,7 +119,7 @@ def test_markdown_cells_are_the_recomputed_numbers(records):
     assert format_cell(one) == (f"{100 * one.value:.2f} ({100 * one.delta:+.2f} [{100 * one.low:+.2f}, "
                                 f"{100 * one.high:+.2f}], p={one.p:.2g})")
     columns = {h.split(":")[0]: list(rows[0])[3:] for h, rows in tables.items() if h in schemes}
-    assert columns == {"attn_logits/tensor": ["16 bit", "8 bit", "4 bit"], "weights-rtn/g16": ["16 bit", "4 bit"]}
+    assert columns == {"attn_logits/sequence": ["16 bit", "8 bit", "4 bit"], "weights-rtn/g16": ["16 bit", "4 bit"]}
 
 
 def test_csv_has_full_precision_numbers(records):
@@ -146,7 +140,7 @@ def test_csv_has_full_precision_numbers(records):
 
 def test_latex_renders_escaped_tables(records):
     text = render_report(records, "latex")
-    assert text.count(r"\begin{tabular}") == 4 and text.startswith("% attn_logits/tensor")
+    assert text.count(r"\begin{tabular}") == 4 and text.startswith("% attn_logits/sequence")
     assert r"acc\_norm (\%)" in text and r"$\Delta$" in text and "Δ" not in text
     cell = next(c for c in degradation_rows(records) if c.bits == 8 and c.metric == "perplexity")
     assert format_cell(cell) in text
@@ -154,7 +148,7 @@ def test_latex_renders_escaped_tables(records):
 
 def test_comparison_equals_difference_of_degradations(records):
     comps = comparison_rows(records)
-    assert {(c.scheme, c.bits) for c in comps} == {("attn_logits/tensor", 8), ("attn_logits/tensor", 4),
+    assert {(c.scheme, c.bits) for c in comps} == {("attn_logits/sequence", 8), ("attn_logits/sequence", 4),
                                                     ("weights-rtn/g16", 4)}
     pick = {r["arch"]: r for r in records if r["target"] == "attn_logits" and r["bits"] == 4 and r["task"] == "copa"}
     t, d = pick["transformer"], pick["diff"]
@@ -163,7 +157,7 @@ def test_comparison_equals_difference_of_degradations(records):
         c = _by_id(rec, "correct")
         arrays.append(np.array([c[i] for i in sorted(c)], float))
     expected = difference_of_degradations(*arrays)
-    (row,) = [c for c in comps if c.bits == 4 and c.scheme == "attn_logits/tensor" and c.metric == "acc"
+    (row,) = [c for c in comps if c.bits == 4 and c.scheme == "attn_logits/sequence" and c.metric == "acc"
               and c.task.startswith("copa")]
     assert (row.delta_transformer, row.delta_candidate, row.advantage, row.low, row.high) == (
         expected["delta_a"], expected["delta_b"], expected["difference"], expected["low"], expected["high"])
@@ -234,7 +228,7 @@ def test_plot_styles_models_shows_16_bit_intervals_and_a_caption(records, tmp_pa
 
 
 def test_value_interval_of_a_16_bit_record(records):
-    from diffquant.evaluate import bootstrap_ppl_ci
+    from diffquant.paired import bootstrap_ppl_ci
     from diffquant.report import value_interval
 
     base = {r["task"]: r for r in records if r["bits"] == 16 and r["arch"] == "diff"}
@@ -397,7 +391,8 @@ def test_cli_pair_flag(tmp_path, capsys):
 
 def test_plot_with_fewer_panels_than_grid_cells(records, tmp_path):
     """Panels that do not fill the last row of the 3-wide grid: the spare axes are hidden, nothing raises."""
-    from diffquant.report import PRIMARY_METRIC, degradation_rows, plot_degradation
+    from diffquant.plots import plot_degradation
+    from diffquant.report import PRIMARY_METRIC, degradation_rows
 
     def panels(recs):
         return {(c.scheme, c.task) for c in degradation_rows(recs) if c.metric == PRIMARY_METRIC[c.kind]}

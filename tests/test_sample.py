@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
+from diffquant.checkpoint.gguf import load_gguf, stories260k_path, stories260k_tokenizer_path
 from diffquant.cli import main
 from diffquant.corpus import heldout_ids, load_corpus, read_manifest
-from diffquant.gguf import load_gguf, stories260k_path, stories260k_tokenizer_path
 from diffquant.sample import draw, sample_corpus, sample_stories
 from diffquant.tokenizer import Tokenizer
 
@@ -95,6 +95,7 @@ def test_draw_inverts_the_cdf_exactly():
     assert torch.allclose(counts / counts.sum(), torch.tensor([0.25, 0, 0.25, 0.5], dtype=torch.float64), atol=0.01)
 
 
+@pytest.mark.slow  # ≥ 9 s (pytest --durations)
 def test_corpus_same_seed_same_bytes_resume_and_regeneration(tmp_path):
     kw = dict(tokens=3000, seed=3, batch_size=8, max_len=64, shard_tokens=1000, progress=False)
     a = sample_corpus(stories260k_path(), tmp_path / "a", **kw)

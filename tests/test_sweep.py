@@ -12,12 +12,14 @@ import torch
 
 import diffquant as dq
 import diffquant.sweep as sweep
+from diffquant.calibration import calibration_batch
 from diffquant.cli import main
 from diffquant.data import calib_dir, documents
-from diffquant.evaluate import evaluate_task, score_multiple_choice, text_perplexity
+from diffquant.evaluate import evaluate_task, perplexity_metrics, score_multiple_choice, text_perplexity
 from diffquant.quant import ActQuant, QuantConfig, WeightQuant, quantize_model
-from diffquant.report import degradation_rows, read_records, record_key
-from diffquant.sweep import calibration_batch, perplexity_metrics, resolve_task, run_sweep
+from diffquant.records import read_records, record_key
+from diffquant.report import degradation_rows
+from diffquant.sweep import resolve_task, run_sweep
 from diffquant.tasks import load_task
 from diffquant.tokenizer import tokenizer_for
 
@@ -84,8 +86,8 @@ def test_one_record_per_checkpoint_bits_and_task(setup, full):
         if r["bits"] == 16:  # the baseline belongs to no target
             assert r["target"] is None and r["granularity"] is None and r["quant"]["logits"] is None
         else:
-            assert r["target"] == "attn_logits" and r["granularity"] == "tensor"
-            assert r["quant"]["logits"] == {"bits": r["bits"], "granularity": "tensor", "symmetric": True,
+            assert r["target"] == "attn_logits" and r["granularity"] == "sequence"
+            assert r["quant"]["logits"] == {"bits": r["bits"], "granularity": "sequence", "symmetric": True,
                                             "unquantized_at_16": True}
     ppl = [r for r in records if r["kind"] == "perplexity"]
     assert all(r["metrics"]["windows"] == 4 and len(r["metrics"]["window_losses"]) == 4 for r in ppl)
@@ -216,7 +218,7 @@ def test_activation_targets(setup, tmp_path, target, granularity, field):
     run_sweep([ckpts["diff"]], tmp_path / "r.jsonl", target, [16, 3], [text], granularity=granularity, limit=2,
               progress=False)
     base, quant = read_records(tmp_path / "r.jsonl")
-    assert quant["quant"][field] == ActQuant(3, granularity or "tensor").to_dict()
+    assert quant["quant"][field] == ActQuant(3, granularity or "sequence").to_dict()
     assert quant["metrics"]["loss"] != base["metrics"]["loss"]
 
 
@@ -259,7 +261,7 @@ def test_cli_sweep_prints_the_table_and_a_summary(setup, tmp_path, capsys):
             "--tasks", text, "--limit", "2", "--out", str(out)]
     assert main(argv) == 0
     printed = capsys.readouterr().out
-    assert "### attn_logits/tensor: value" in printed and "attn_logits/tensor: Diff vs Transformer" in printed
+    assert "### attn_logits/sequence: value" in printed and "attn_logits/sequence: Diff vs Transformer" in printed
     assert json.loads(printed.strip().splitlines()[-1]) == {"out": str(out), "written": 4, "nonfinite": 0, "skipped": 0}
     assert main([*argv, "--no-table"]) == 0
     assert json.loads(capsys.readouterr().out) == {"out": str(out), "written": 0, "nonfinite": 0, "skipped": 4}

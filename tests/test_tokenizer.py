@@ -92,6 +92,7 @@ sys.stdout.write(train_tokenizer([docs[0].text[:200_000]], vocab_size=600).to_st
 """
 
 
+@pytest.mark.slow  # ≥ 9 s (pytest --durations)
 def test_training_reproducible_across_processes():
     # separate processes get different Rust hash seeds: the merges must not depend on them
     text = D.load_documents("tinyshakespeare")[0].text[:200_000]
@@ -102,6 +103,7 @@ def test_training_reproducible_across_processes():
     assert len(model["vocab"]) == 600 and model["vocab"][SPECIAL_TOKEN] == 0
 
 
+@pytest.mark.slow  # ≥ 9 s (pytest --durations)
 def test_shipped_file_reproduces_byte_for_byte(tmp_path):
     docs = D.load_split("train")
     out = tmp_path / "tokenizer.json"

@@ -199,6 +199,7 @@ def test_divergence_is_detected_logged_and_one_line(tmp_path, shakespeare_bytes,
     assert log["history"]["diverged_at"] == 4 and len(log["history"]["train_loss"]) == 4
 
 
+@pytest.mark.slow  # ≥ 9 s (pytest --durations)
 def test_cli_tiny_preset_trains_on_the_calib_split_with_its_tokenizers_vocabulary(tmp_path, caplog):
     """`train --preset tiny` (vocab 128) on the calib split (an 8192-token tokenizer) widens the vocabulary."""
     out = tmp_path / "tiny"

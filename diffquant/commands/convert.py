@@ -11,16 +11,15 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import atomic_dir, load_checkpoint, save_checkpoint
+from ..checkpoint import atomic_folder, check_writable, load_checkpoint, save_checkpoint
+from ..checkpoint.hf import ARCHITECTURES, is_hf_folder, load_hf, save_hf
 from ..compressed import save_compressed
 from ..errors import UserError
 from ..gguf_export import GGUF_TYPES, save_gguf
-from ..hf import ARCHITECTURES, is_hf_folder, load_hf, save_hf
 from ..quant.api import is_quantized
-from ..tokenizer import Tokenizer, tokenizer_for
+from ..tokenizer import TOKENIZER_FILES, Tokenizer, tokenizer_for
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
 
 
 def register(sub) -> None:
@@ -50,8 +49,7 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not args.overwrite:
-        raise UserError(f"{out} exists and is not empty; pass --overwrite to replace it")
+    check_writable(out, args.overwrite, hint="pass --overwrite to replace it")  # before the conversion's work
     dtype = DTYPES[args.dtype] if args.dtype else None
     if args.to != "gguf" and (args.gguf_type or args.embeddings):
         raise UserError("--gguf-type and --embeddings go with --to gguf")
@@ -74,9 +72,9 @@ def _to_hf(args, out: Path, dtype) -> dict:
               f"({model.config.vocab_size}); no tokenizer written", file=sys.stderr)
         tok = None
     if is_quantized(model):  # RTN / GPTQ codes as they are, in the format transformers and vLLM load
-        save_compressed(model, out, tokenizer=tok, overwrite=True, dtype=dtype)
+        save_compressed(model, out, tokenizer=tok, overwrite=args.overwrite, dtype=dtype)
     else:
-        save_hf(model, out, tokenizer=tok, overwrite=True, dtype=dtype)
+        save_hf(model, out, tokenizer=tok, overwrite=args.overwrite, dtype=dtype)
     return {"source": str(args.source), "out": str(out), "format": "hf",
             "architecture": ARCHITECTURES[model.config.arch][1], "tokenizer": tok is not None,
             "quantization": "compressed-tensors" if is_quantized(model) else None}
@@ -98,7 +96,7 @@ def _to_gguf(args, out: Path) -> dict:
     if vocab_from is None:
         tok = Tokenizer.load(args.tokenizer) if args.tokenizer else tokenizer_for(args.source)
     types = save_gguf(model, out, args.gguf_type or "f32", tokenizer=tok, vocab_from=vocab_from,
-                      embeddings=args.embeddings, overwrite=True)
+                      embeddings=args.embeddings, overwrite=args.overwrite)
     counts = {kind: sum(t == kind for t in types.values()) for kind in sorted(set(types.values()))}
     return {"source": str(source), "out": str(out), "format": "gguf", "gguf_type": args.gguf_type or "f32",
             "codes": "ours" if quantized and args.gguf_type in ("q8_0", "q4_0") else None, "tensor_types": counts,
@@ -110,7 +108,7 @@ def _from_hf(args, out: Path, dtype) -> dict:
     if not (src.is_dir() and is_hf_folder(src)):
         raise UserError(f"{src} is not a Hugging Face model folder (config.json with model_type)")
     model = load_hf(src)
-    with atomic_dir(out) as tmp:
+    with atomic_folder(out, args.overwrite) as tmp:
         save_checkpoint(model, tmp, dtype=dtype)
         copied = [name for name in TOKENIZER_FILES if (src / name).is_file()]
         for name in copied:  # tokenizer_for(out) then finds the model's own tokenizer

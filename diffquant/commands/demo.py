@@ -1,10 +1,18 @@
-"""`diffquant demo`: the main job on the shipped models, in about ten minutes on two CPU cores.
+"""`diffquant demo`: the main job on the shipped gated pair, in a few minutes on two CPU cores.
 
-1. Table-5 protocol: top-1/2/3/10/100 and median of |attention logits| and |hidden states| for the shipped
-   Transformer/Diff pair (and stories260K), side by side with ratios and the paper's numbers.
-2. Figure-8 protocol: attention logits quantized at 16/8/6/4 bits (dynamic absmax, per sequence), scored by
-   perplexity and zero-shot accuracy, with paired intervals against 16 bits and Diff-vs-Transformer.
-3. The same for weights (RTN and GPTQ at 8/4 bits) and for 8-bit Linear inputs (the A8 of W8A8).
+The shipped pair is the long xs Transformer/Diff pair of the outlier-regime campaign (experiments/RESULTS.md):
+stories260K's shape, trained with identical data order on the teacher corpus at lr 3e-3 for 33.6M tokens, then
+cooled for 8.4M more (41.9M), where the Transformer is in the outlier regime and Diff's λ stays in its range.
+Its training log (configs, data sha256s, every loss, the outlier log) sits beside each checkpoint. On the real
+TinyStories held-out text (and the held-out books):
+
+1. The gate: the Transformer's attention-logit top-1 ≥ 100 and 4-bit per-sequence logits at least doubling its
+   perplexity — without it no verdict below counts.
+2. Table 5: top-1/2/3/10/100 and median of |attention logits| and |hidden states| (exact medians, where the top
+   values sit), with the ratios beside the paper's, and stories260K (the real pretrained model) for scale.
+3. Figure 8: attention logits at 16/8/6/4 bits with three scale granularities (per sequence, per head, per head
+   and Diff map), perplexity with paired intervals against 16 bits and Diff against the Transformer.
+4. The same for weights (RTN and GPTQ at 8/4 bits) and for 8-bit Linear inputs (the A8 of W8A8).
 Tables go to the terminal; JSON records, Markdown tables and PNG plots go to ``--out``.
 """
 
@@ -12,34 +20,41 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from pathlib import Path
 
-from ..checkpoint import load_checkpoint
-from ..data import calib_dir, documents, encode_documents
+from ..checkpoint import load_checkpoint, training_context
+from ..corpus import heldout_ids
+from ..data import calib_dir
 from ..errors import UserError
 from ..io import atomic_write_text
+from ..kinds import ATTN_LOGITS
 from ..profile import profile, token_batches
+from ..regime import GRANULARITIES, gate_table, profile_pair, sites_table, sweep_pair, verdict
 from ..tables import outlier_table, ratio_table
 from ..tokenizer import tokenizer_for
 
 log = logging.getLogger(__name__)
 
 REPO = Path(__file__).resolve().parents[2]
-PAIR = (REPO / "experiments/checkpoints/transformer-small/final", REPO / "experiments/checkpoints/diff-small/final")
+COOLED = REPO / "experiments/campaign/long/xs-lr3e-3-s0/cooldown"
+PAIR = (COOLED / "transformer-step004096/final", COOLED / "diff-step004096/final")
 STORIES = "models/stories260K.gguf"  # under calib/
+PPL_TASKS = ("tinystories", "test")  # real TinyStories held-out text, held-out books
 
 
 def register(sub) -> None:
-    p = sub.add_parser("demo", help="the main job: outlier tables and degradation tables on the shipped models")
+    p = sub.add_parser("demo", help="the main job: gate, outlier tables and degradation tables on the shipped pair")
     p.add_argument("--out", default="demo-out", help="folder for records, tables and plots")
     p.add_argument("--pair", nargs=2, default=[str(p) for p in PAIR], metavar=("TRANSFORMER", "DIFF"),
-                   help="the matched pair (default: the shipped small pair)")
-    p.add_argument("--no-stories", action="store_true", help="skip the stories260K model")
-    p.add_argument("--profile-tokens", type=int, default=65_536, help="held-out tokens for the outlier tables")
-    p.add_argument("--ppl-windows", type=int, default=32, help="rolling windows per perplexity set")
+                   help="the matched pair, trained with identical data order (default: the shipped gated pair)")
+    p.add_argument("--no-stories", action="store_true", help="skip the stories260K reference model")
+    p.add_argument("--profile-windows", type=int, default=64, help="held-out windows for the outlier tables")
+    p.add_argument("--ppl-windows", type=int, default=48, help="perplexity windows per task and sweep cell")
+    p.add_argument("--tasks", default=",".join(PPL_TASKS),
+                   help="sweep tasks, comma separated (perplexity sets; zero-shot tasks take --limit items)")
     p.add_argument("--limit", type=int, default=100, help="items per zero-shot task")
-    p.add_argument("--tasks", default="test,wikitext2,hellaswag", help="sweep tasks, comma separated")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--calib-tokens", type=int, default=8192, help="GPTQ calibration tokens")
     p.set_defaults(func=run)
@@ -48,90 +63,106 @@ def register(sub) -> None:
 def run(args) -> int:
     started = time.time()
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     for path in args.pair:
         if not Path(path).exists():
-            raise UserError(f"model {path} not found (the shipped pair lives in experiments/checkpoints/)")
+            raise UserError(f"model {path} not found (the shipped pair lives in {COOLED.relative_to(REPO)}/)")
+    pair = _pair(args.pair)
+    out.mkdir(parents=True, exist_ok=True)
     stories = None if args.no_stories else calib_dir() / STORIES
-    outliers = _outliers(args, out, stories)
-    degradation = _degradation(args, out, stories)
-    summary = {"wall_s": round(time.time() - started, 1), "out": str(out), **outliers, **degradation}
+    tasks = {t.strip(): _limit(t.strip(), args) for t in args.tasks.split(",") if t.strip()}
+    table5 = _outliers(args, out, pair, stories)
+    records = _degradation(args, out, pair, stories, tasks)
+    mine = [r for r in records if r["checkpoint"] in {os.path.normpath(p) for p in pair["checkpoints"].values()}]
+    result = verdict(pair, table5, mine) if "tinystories" in tasks else None
+    if result is not None:
+        text = gate_table([result]) + "\n\n" + sites_table([result])
+        print("== The gate (Transformer in the outlier regime?) and where the top values sit ==\n\n" + text + "\n")
+        atomic_write_text(out / "gate.md", text + "\n")
+    summary = {"wall_s": round(time.time() - started, 1), "out": str(out), "verdict": result,
+               "outliers": {arch: {s: v["table5"] | {"median": v["median"]} for s, v in r["sites"].items()}
+                            for arch, r in table5.items()}}
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=1))
     print(f"\nDone in {summary['wall_s']:.0f} s; records, tables and plots are in {out}/")
     return 0
 
 
-# -- 1. Table 5 -----------------------------------------------------------------------------------------------
-
-def _profile(path, data: str, tokens: int, batch_size: int, seq_len: int = 256) -> dict:
-    """256-token windows for every model: the pair's context, and within stories260K's training context."""
-    model = load_checkpoint(path)
-    tok = tokenizer_for(path)
-    seq_len = min(seq_len, model.config.max_seq_len)
-    batches = token_batches(encode_documents(tok, documents(data)), seq_len, batch_size, tokens)
-    record = profile(model, batches, label=_label(path)).data
-    record.update(checkpoint=str(path), data=data, seq_len=seq_len)
-    return record
-
-
-def _label(path) -> str:
-    p = Path(path)
-    return p.parent.name if p.name == "final" else p.stem
+def _pair(paths) -> dict:
+    """A regime pair: checkpoints by arch, training tokens from the run's log where known."""
+    checkpoints = {}
+    for path in paths:
+        arch = load_checkpoint(path).config.arch
+        if arch in checkpoints:
+            raise UserError(f"--pair: both models are {arch}; give a Transformer and a Diff model")
+        checkpoints[arch] = str(path)
+    if set(checkpoints) != {"transformer", "diff"}:
+        raise UserError(f"--pair: give a Transformer and a Diff model (got {', '.join(checkpoints)})")
+    log_file = Path(checkpoints["transformer"]).parent / "train_log.json"
+    tokens = json.loads(log_file.read_text()).get("tokens_seen") if log_file.is_file() else None
+    family = Path(checkpoints["transformer"]).parent.name.replace("transformer", "").strip("-_")
+    return {"pair": family or "pair", "tokens": tokens, "checkpoints": checkpoints}
 
 
-def _outliers(args, out: Path, stories) -> dict:
-    print("== Outliers: the paper's Table 5 protocol (held-out text, causal logits only, both Diff maps) ==\n")
-    tr, diff = (_profile(p, "test", args.profile_tokens, args.batch_size) for p in args.pair)
-    records = {"transformer": tr, "diff": diff}
-    tables = [outlier_table({tr["label"]: tr, diff["label"]: diff}, paper=True), ratio_table(tr, diff)]
+def _seq_len(path) -> int:
+    """The training context where known (stories260K: 512 of its declared 2048), else the model's."""
+    return training_context(path) or load_checkpoint(path).config.max_seq_len
+
+
+# -- Table 5 --------------------------------------------------------------------------------------------------
+
+def _outliers(args, out: Path, pair: dict, stories) -> dict[str, dict]:
+    print("== Outliers: the paper's Table 5 protocol (held-out TinyStories, causal logits only, both Diff maps) ==\n")
+    seq_len = _seq_len(pair["checkpoints"]["transformer"])
+    ids = heldout_ids(tokenizer_for(pair["checkpoints"]["transformer"]))
+    table5 = profile_pair(pair, ids, seq_len, args.batch_size, args.profile_windows * seq_len)
+    labelled = {r["label"]: r for r in table5.values()}
+    tables = [outlier_table(labelled, paper=True), ratio_table(table5["transformer"], table5["diff"])]
+    records = dict(table5)
     if stories is not None:
-        real = _profile(stories, "tinystories-cased", args.profile_tokens, args.batch_size)
-        records["stories260K"] = real
-        tables.append(outlier_table({"stories260K": real}))
+        stories_len = _seq_len(stories)
+        batches = token_batches(heldout_ids(tokenizer_for(stories)), stories_len, args.batch_size,
+                                args.profile_windows * stories_len)
+        records["stories260K"] = profile(load_checkpoint(stories), batches, label="stories260K", exact_median=True,
+                                         progress=False).data
+        tables.append(outlier_table({"stories260K": records["stories260K"]}))
     text = "\n\n".join(tables)
     print(text + "\n")
     atomic_write_text(out / "outliers.md", text + "\n")
     atomic_write_text(out / "outliers.json", json.dumps(records, indent=1))
     from ..plots import plot_histograms, plot_layers
 
-    plot_layers({tr["label"]: tr, diff["label"]: diff}, out / "outliers-layers.png")
-    plot_histograms({tr["label"]: tr, diff["label"]: diff}, out / "outliers-hist.png")
-    return {"outliers": {k: {s: v["table5"] | {"median": v["median"]} for s, v in r["sites"].items()}
-                         for k, r in records.items()}}
+    plot_layers(labelled, out / "outliers-layers.png")
+    plot_histograms(labelled, out / "outliers-hist.png")
+    return table5
 
 
-# -- 2 and 3. Figure 8 and friends ---------------------------------------------------------------------------
+# -- Figure 8 and friends ---------------------------------------------------------------------------------------
 
-def _degradation(args, out: Path, stories) -> dict:
-    from ..report import plot_degradation, read_records, render_report
+def _degradation(args, out: Path, pair: dict, stories, tasks: dict[str, int]) -> list[dict]:
+    from ..plots import plot_degradation
+    from ..records import read_records
+    from ..report import render_report
     from ..sweep import run_sweep
 
-    records_path = out / "records.jsonl"
-    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
-    common = {"batch_size": args.batch_size}
-    plan = [
-        ("attn_logits", (16, 8, 6, 4), {}),
-        ("weights-rtn", (16, 8, 4), {}),
-        ("weights-gptq", (16, 8, 4), {"calib_tokens": args.calib_tokens}),
-        ("linear_inputs", (16, 8), {"granularity": "token"}),
-    ]
+    path = out / "records.jsonl"
+    checkpoints = list(pair["checkpoints"].values())
     print("== Degradation: quantized at 16 / 8 / 6 / 4 bits against the same model at 16 bits ==\n")
-    for target, bits, extra in plan:
-        for task in tasks:
-            run_sweep(args.pair, records_path, target, bits=bits, tasks=[task], limit=_limit(task, args),
-                      seed=0, **common, **extra)
-    if stories is not None:
-        # its GGUF declares a 2048-token context: the same token budget as the pair means fewer windows
-        windows = max(2, args.ppl_windows * 256 // load_checkpoint(stories).config.max_seq_len)
-        for task, limit in (("tinystories", windows), ("hellaswag", args.limit)):
-            run_sweep([stories], records_path, "attn_logits", bits=(16, 8, 6, 4), tasks=[task], limit=limit,
-                      seed=0, **common)
-    records = read_records(records_path)
+    sweep_pair(pair, path, tasks, batch_size=args.batch_size, granularities=GRANULARITIES)
+    main_task = next(iter(tasks))
+    for target, bits, extra in (("weights-rtn", (16, 8, 4), {}),
+                                ("weights-gptq", (16, 8, 4), {"calib_tokens": args.calib_tokens}),
+                                ("linear_inputs", (16, 8), {"granularity": "token"})):
+        run_sweep(checkpoints, path, target, bits=bits, tasks=[main_task], limit=tasks[main_task],
+                  batch_size=args.batch_size, progress=False, **extra)
+    if stories is not None:  # windows span its declared context (2048): the pair's token budget, fewer windows
+        windows = max(2, tasks[main_task] * _seq_len(checkpoints[0]) // load_checkpoint(stories).config.max_seq_len)
+        run_sweep([stories], path, ATTN_LOGITS, bits=(16, 8, 6, 4), tasks=[main_task], limit=windows,
+                  batch_size=args.batch_size, progress=False)
+    records = read_records(path)
     text = render_report(records, fmt="markdown")
     print(text)
     atomic_write_text(out / "degradation.md", text + "\n")
-    plot_degradation([r for r in records if r.get("target") in (None, "attn_logits")], out / "figure8.png")
-    return {"degradation_records": str(records_path)}
+    plot_degradation([r for r in records if r.get("target") in (None, ATTN_LOGITS)], out / "figure8.png")
+    return records
 
 
 def _limit(task: str, args) -> int:

@@ -5,13 +5,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..checkpoint import read_metadata, training_context
+from .. import distributed
+from ..checkpoint import WEIGHTS_FILE, read_metadata, training_context
 from ..cliargs import hist_plot_path
 from ..data import documents, encode_documents
 from ..errors import UserError
 from ..hf_probes import load_for_profiling
 from ..io import atomic_write_text
+from ..offload import add_arguments as add_dispatch_arguments
+from ..offload import dispatch_options, load_dispatched
 from ..profile import DEFAULT_SITES, PROTOCOLS, profile, token_batches
+from ..records import checkpoint_label
 from ..tables import FORMATS, outlier_table, ratio_table
 from ..tokenizer import Tokenizer, tokenizer_for
 from . import nonfinite_exit
@@ -38,12 +42,16 @@ def register(sub) -> None:
     p.add_argument("--plot", default=None, help="PNG: per-layer top-1/top-10/median (+ -hist.png histograms)")
     p.add_argument("--training-plot", default=None, help="PNG: statistics against training tokens, per arch")
     p.add_argument("--format", choices=sorted(FORMATS), default="markdown")
+    add_dispatch_arguments(p)
     p.set_defaults(func=run)
 
 
 def profile_checkpoint(path: str, args, tokenizer: Tokenizer | None = None) -> dict:
     """Load, tokenise the data with the checkpoint's tokenizer, profile; the record names its source."""
-    model = load_for_profiling(path)  # HF folders natively (any decoder); ours and .gguf as usual
+    dispatch = dispatch_options(args)  # --device-map: accelerate places the layers (GPUs, CPU, disk)
+    model = load_dispatched(path, **dispatch) if dispatch else load_for_profiling(path)  # HF folders natively
+    if distributed.is_distributed() and not dispatch:
+        model.to(distributed.local_device())  # NCCL: this rank's GPU; gloo: the CPU
     tok = tokenizer or (Tokenizer.load(args.tokenizer) if args.tokenizer else tokenizer_for(path))
     seq_len, source = window_length(path, model.config.max_seq_len, args.seq_len)
     if seq_len > model.config.max_seq_len:
@@ -52,11 +60,11 @@ def profile_checkpoint(path: str, args, tokenizer: Tokenizer | None = None) -> d
     batches = token_batches(ids, seq_len, args.batch_size, args.tokens)
     sites = tuple(s.strip() for s in args.sites.split(",") if s.strip())
     report = profile(model, batches, sites=sites, topk=args.topk, protocol=args.protocol,
-                     exact_median=args.exact_median, chunk=args.chunk, label=_label(path))
+                     exact_median=args.exact_median, chunk=args.chunk, label=checkpoint_label(path))
     record = report.data
     record.update(checkpoint=str(path), data=str(args.data), seq_len=seq_len, seq_len_source=source,
                   tokens_requested=args.tokens)
-    meta = read_metadata(path) if (Path(path) / "model.safetensors").is_file() else {}
+    meta = read_metadata(path) if (Path(path) / WEIGHTS_FILE).is_file() else {}
     record["train_tokens"] = int(meta["tokens"]) if "tokens" in meta else None
     return record
 
@@ -83,21 +91,13 @@ def windows_caption(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _label(path: str) -> str:
-    """``run/final`` -> ``run``; ``run/snapshots/step000127`` -> ``run@step000127``; else the file or folder name."""
-    p = Path(path)
-    if p.name == "final":
-        return p.parent.name
-    if p.name.startswith("step") and p.parent.name == "snapshots":
-        return f"{p.parent.parent.name}@{p.name}"
-    return p.stem
-
-
 def run(args) -> int:
-    labels = [_label(path) for path in args.checkpoints]
+    labels = [checkpoint_label(path) for path in args.checkpoints]
     if len(set(labels)) < len(labels):
         raise UserError("two checkpoints have the same label; give them distinct folder names")
     records = [profile_checkpoint(path, args) for path in args.checkpoints]
+    if not distributed.is_main():  # data parallel: rank 0 prints and writes
+        return 0
     by_label = {rec["label"]: rec for rec in records}
     print(outlier_table(by_label, fmt=args.format, paper=len(records) <= 2))
     if args.format != "csv":

@@ -7,10 +7,12 @@ import json
 import time
 from pathlib import Path
 
+from ..calibration import DEFAULT_CALIB_TOKENS
 from ..errors import UserError
+from ..kinds import ACT_GRANULARITIES, GRANULARITY_ALIASES, HEAD_GRANULARITIES, SEQUENCE
+from ..quant.config import WEIGHT_METHODS
 
-WEIGHT_CHOICES = ["rtn", "gptq", "bnb-int8", "bnb-nf4", "bnb-fp4", "none"]
-DEFAULT_CALIB_TOKENS = 32768
+WEIGHT_CHOICES = [*WEIGHT_METHODS, "none"]
 DTYPES = ("float16", "bfloat16", "float32")
 
 
@@ -30,9 +32,12 @@ def register(sub) -> None:
     p.add_argument("--threshold", type=float, default=6.0, help="bnb-int8 outlier threshold")
     p.add_argument("--embeddings", action="store_true", help="also quantize the embedding and output head")
     p.add_argument("--act-bits", type=int, default=None, help="quantize every block Linear's input (2..16)")
-    p.add_argument("--act-granularity", default="token", choices=["token", "tensor"])
+    p.add_argument("--act-granularity", default="token", choices=["token", SEQUENCE, *GRANULARITY_ALIASES],
+                   help="token (default) or sequence (old name tensor)")
     p.add_argument("--logit-bits", type=int, default=None, help="quantize the attention logits (2..16)")
-    p.add_argument("--logit-granularity", default="tensor", choices=["tensor", "head", "head_map", "row"])
+    p.add_argument("--logit-granularity", default=SEQUENCE, choices=[*ACT_GRANULARITIES, *GRANULARITY_ALIASES],
+                   help=f"default {SEQUENCE} (one scale per sequence; old name tensor), "
+                        f"{' | '.join(HEAD_GRANULARITIES)} or row / token (per query row)")
     p.add_argument("--calib-tokens", type=int, default=DEFAULT_CALIB_TOKENS, help="GPTQ calibration tokens")
     p.add_argument("--calib-seq-len", type=int, default=None, help="default: min(256, the model's max_seq_len)")
     p.add_argument("--tokenizer", default=None, help="tokenizer for the calibration text (default: the checkpoint's)")
@@ -46,15 +51,16 @@ def register(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from ..checkpoint import load_checkpoint
-    from ..quant import ActQuant, QuantConfig, WeightQuant, quantize_, save_quantized
-    from ..quant.packed import fp16_file_bytes
+    from ..calibration import gptq_calibration
+    from ..checkpoint import check_writable, load_checkpoint, save_quantized
+    from ..checkpoint.packed import fp16_file_bytes
+    from ..hf_native import is_native_hf
+    from ..quant import ActQuant, QuantConfig, WeightQuant, quantize_
 
     source, out = Path(args.checkpoint), Path(args.out)  # the CLI refused an --out over, in or around the source
     if not source.exists():
         raise UserError(f"checkpoint {source} does not exist")
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not args.overwrite:
-        raise UserError(f"{out} exists and is not empty; pass --overwrite to replace it")
+    check_writable(out, args.overwrite, hint="pass --overwrite to replace it")  # before the quantizer's work
     config = QuantConfig(
         weights=None if args.weights == "none" else WeightQuant(
             args.weights, bits=args.bits, group_size=args.group_size, symmetric=not args.asymmetric,
@@ -67,12 +73,15 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--bits/--group-size need --weights rtn|gptq")
     if config == QuantConfig():
         raise UserError("nothing to quantize: give --weights, --act-bits or --logit-bits")
+    if is_native_hf(source):
+        return _run_native(args, source, out, config)
     model = load_checkpoint(source)
     fp16_bytes = fp16_file_bytes(model)  # the float baseline, measured before quantizing in place
     start = time.perf_counter()
     calib, calib_info, tokenizer = None, {}, None
     if args.weights == "gptq":
-        calib, calib_info, tokenizer = _calibration(args, model)
+        calib, calib_info, tokenizer = gptq_calibration(source, model, args.calib_tokens, args.calib_seq_len,
+                                                        args.seed, args.tokenizer)
     quantize_(model, config, calib=calib)
     seconds = time.perf_counter() - start
     extra = _tokenizer_files(source, tokenizer)
@@ -82,48 +91,49 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _calibration(args, model):
-    """Random windows of the calib train split, tokenised with the checkpoint's tokenizer."""
-    import numpy as np
-    import torch
+def _run_native(args: argparse.Namespace, source: Path, out: Path, config) -> int:
+    """An HF folder that does not convert to ours: quantized through HFProbed, written as a float HF folder with
+    the dequantized weights (see :mod:`diffquant.hf_native`)."""
+    from ..calibration import gptq_calibration
+    from ..hf_native import check_native, conv1d_names, load_native, save_dequantized
+    from ..quant import quantize_
 
-    from ..tokenizer import Tokenizer, tokenizer_for
-    from ..train import split_tokens
-
-    tokenizer = Tokenizer.load(args.tokenizer) if args.tokenizer else tokenizer_for(args.checkpoint)
-    vocab = model.config.vocab_size
-    if tokenizer.vocab_size > vocab:
-        raise UserError(f"the calibration tokenizer has {tokenizer.vocab_size} tokens but the model only {vocab}; "
-                        "pass the model's tokenizer with --tokenizer")
-    seq_len = args.calib_seq_len or min(256, model.config.max_seq_len)
-    if not 1 <= seq_len <= model.config.max_seq_len:
-        raise UserError(f"--calib-seq-len must lie in 1..{model.config.max_seq_len}")
-    if args.calib_tokens < seq_len:
-        raise UserError(f"--calib-tokens must be at least one window ({seq_len} tokens)")
-    ids, info = split_tokens("train", tokenizer=tokenizer)
-    n_windows = args.calib_tokens // seq_len
-    if len(ids) <= seq_len:
-        raise UserError("the calibration split is shorter than one window")
-    starts = np.random.default_rng(args.seed).integers(0, len(ids) - seq_len, n_windows)
-    windows = torch.from_numpy(np.stack([ids[s:s + seq_len] for s in starts]).astype(np.int64))  # (N, T)
-    return windows, {**info, "windows": n_windows, "seq_len": seq_len, "seed": args.seed,
-                     "tokenizer": tokenizer.path}, tokenizer
+    check_native(source, config.probe_targets(), args.group_size)
+    if config.activations is not None or config.logits is not None:
+        raise UserError(f"{source} is an HF folder: --out holds weight quantization only (a float HF folder with "
+                        "the dequantized weights); sweep activation and logit quantization with `diffquant sweep`")
+    model = load_native(source)
+    conv1d = conv1d_names(model.hf)
+    start = time.perf_counter()
+    calib, calib_info = None, {}
+    if args.weights == "gptq":
+        calib, calib_info, _ = gptq_calibration(source, model, args.calib_tokens, args.calib_seq_len, args.seed,
+                                                args.tokenizer)
+    quantize_(model, config, calib=calib)
+    seconds = time.perf_counter() - start
+    note = {"source": str(source), "command": "diffquant " + " ".join(args.argv), "quant_config": config.to_dict(),
+            "format": "float HF folder, dequantized weights"}
+    save_dequantized(model, out, conv1d, note, overwrite=args.overwrite, extra_files=_tokenizer_files(source, None))
+    summary = {"source": str(source), "out": str(out), "quant_config": config.to_dict(),
+               "format": "hf-dequantized", "seconds": round(seconds, 2), "calibration": calib_info or None}
+    print(json.dumps(summary, indent=2))
+    return 0
 
 
 def _tokenizer_files(source: Path, tokenizer) -> dict[str, Path]:
     """Ship the source's own tokenizer beside the packed weights (the project tokenizer is found anyway)."""
-    from ..tokenizer import TOKENIZER_FILE, default_tokenizer_path
+    from ..tokenizer import TOKENIZER_FILES, default_tokenizer_path, tokenizer_file_name
 
     if source.is_dir():
-        return {name: source / name for name in (TOKENIZER_FILE, "tokenizer.model") if (source / name).is_file()}
+        return {name: source / name for name in TOKENIZER_FILES if (source / name).is_file()}
     path = Path(tokenizer.path) if tokenizer is not None and tokenizer.path else None
     if path is None or path.resolve() == default_tokenizer_path().resolve():
         return {}
-    return {TOKENIZER_FILE if tokenizer.kind == "hf" else "tokenizer.model": path}
+    return {tokenizer_file_name(tokenizer): path}
 
 
 def _summary(source: Path, out: Path, config, fp16_bytes: int, calib_info: dict, seconds: float) -> dict:
-    from ..quant.packed import WEIGHTS_FILE
+    from ..checkpoint import WEIGHTS_FILE
 
     packed_bytes = (out / WEIGHTS_FILE).stat().st_size
     return {

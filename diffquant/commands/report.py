@@ -29,7 +29,9 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..io import atomic_write_text
-    from ..report import is_finite, load_records, plot_degradation, render_report
+    from ..plots import plot_degradation
+    from ..records import is_finite, load_records
+    from ..report import render_report
 
     if args.format not in REPORT_FORMATS:
         raise UserError(f"unknown format {args.format!r}; choose one of {', '.join(REPORT_FORMATS)}")

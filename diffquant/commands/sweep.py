@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 
+from .. import distributed
+from ..offload import add_arguments as add_dispatch_arguments
+from ..offload import dispatch_options
 from ..sweep import ATTN_IMPLS, DEFAULT_CALIB_TOKENS, PERPLEXITY_TASKS, TARGETS
 from ..tasks import SUBSETS
 from . import nonfinite_exit
@@ -17,8 +20,8 @@ def register(sub) -> None:
     p.add_argument("--bits", type=int, nargs="+", default=[16, 8, 6, 4],
                    help="bit widths; 16 = the unquantized model (default: 16 8 6 4)")
     p.add_argument("--granularity", default=None,
-                   help="activation targets: tensor (per sequence, default) | head | head_map (per head and Diff "
-                        "map) | row | token")
+                   help="activation targets: sequence (one scale per sequence, default; old name tensor) | head | "
+                        "head_map (per head and Diff map) | row | token")
     p.add_argument("--group-size", type=int, default=None,
                    help="weight targets: input columns per scale (default: one scale per output channel)")
     p.add_argument("--tasks", required=True,
@@ -41,13 +44,15 @@ def register(sub) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--out", required=True, help="JSONL records file (appended; finished cells are skipped)")
     p.add_argument("--no-table", action="store_true", help="do not print the degradation table afterwards")
+    add_dispatch_arguments(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from ..report import load_records, render_report
+    from ..records import load_records
+    from ..report import render_report
     from ..sweep import run_sweep
 
     if args.threads:
@@ -57,7 +62,9 @@ def run(args: argparse.Namespace) -> int:
                         group_size=args.group_size, limit=args.limit, subset=args.subset, seed=args.seed,
                         batch_size=args.batch_size,
                         calib_tokens=args.calib_tokens, calib_data=args.calib_data, attn_impl=args.attn_impl,
-                        device=args.device)
+                        device=args.device, dispatch=dispatch_options(args))
+    if not distributed.is_main():  # data parallel: rank 0 prints
+        return 0
     if not args.no_table:
         print(render_report(load_records([args.out])))
         print()

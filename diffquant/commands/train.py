@@ -8,7 +8,7 @@ import json
 import logging
 import sys
 
-from ..config import ARCHS
+from ..config import ARCHS, ATTN_IMPLS
 from ..errors import UserError
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ def register(sub) -> None:
     p.add_argument("--lambda-init", type=float, default=None, help="Diff: a constant λ_init in every layer")
     p.add_argument("--bf16", action="store_true", help="bf16 autocast")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--attn-impl", default="sdpa", choices=["eager", "sdpa", "flash"])
+    p.add_argument("--attn-impl", default="sdpa", choices=ATTN_IMPLS)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--eval-every", type=int, default=250)
     p.add_argument("--eval-tokens", type=int, default=65536)

@@ -1,15 +1,15 @@
-"""Quantization: numerics, dynamic quantizers at probes and Linear inputs, weight RTN / GPTQ / bitsandbytes,
-``quantize_`` / ``quantize`` and packed checkpoints (see docs/ARCHITECTURE.md, section 9).
+"""Quantization: numerics, dynamic quantizers at probes and Linear inputs, weight RTN / GPTQ / bitsandbytes and
+the entry points ``quantize_`` / ``quantize`` (see docs/ARCHITECTURE.md, section 4.2).
 
-Names: ``diffquant.quant.quantize`` stays the tensor-level ``numerics.quantize`` (codes, scale, zero); the model
-entry points are ``quantize_`` (in place) and ``quantize_model`` (a copy), which ``diffquant`` exports as
-``dq.quantize_`` / ``dq.quantize``.
+Names: ``quantize_`` (in place) and ``quantize`` (a copy; also ``quantize_model``) take a model, as
+``dq.quantize_`` / ``dq.quantize`` do; the tensor-level function is ``quantize_tensor`` (codes, scale, zero), next
+to ``dequantize`` and ``fake_quantize``. Packed quantized checkpoints are a checkpoint format:
+``diffquant.checkpoint.save_quantized`` / ``load_quantized`` (quant never builds models).
 """
 
 from diffquant.quant.act import InputQuantLinear, QuantProbe, act_granularity, quantize_activation
-from diffquant.quant.api import default_filter, is_quantized, quantize_
-from diffquant.quant.api import quantize as quantize_model
-from diffquant.quant.config import ActQuant, QuantConfig, WeightQuant
+from diffquant.quant.api import default_filter, is_quantized, quantize, quantize_
+from diffquant.quant.config import ActQuant, QuantConfig, WeightQuant, canonical_granularity
 from diffquant.quant.gptq import gptq_codes, gptq_quantize_
 from diffquant.quant.linear import QuantEmbedding, QuantLinear, pack_codes, unpack_codes
 from diffquant.quant.numerics import (
@@ -24,11 +24,12 @@ from diffquant.quant.numerics import (
     dequantize,
     fake_quantize,
     fake_quantize_float,
-    quantize,
+    quantize_tensor,
     sqnr,
 )
-from diffquant.quant.packed import load_quantized, restore_quantized_, save_quantized
 from diffquant.quant.rtn import rtn_codes
+
+quantize_model = quantize  # the name this package used while ``quantize`` was the tensor function
 
 __all__ = [
     "ActQuant",
@@ -39,18 +40,17 @@ __all__ = [
     "QuantProbe",
     "WeightQuant",
     "act_granularity",
+    "canonical_granularity",
     "default_filter",
     "gptq_codes",
     "gptq_quantize_",
     "is_quantized",
-    "load_quantized",
     "pack_codes",
+    "quantize",
     "quantize_",
     "quantize_activation",
     "quantize_model",
-    "restore_quantized_",
     "rtn_codes",
-    "save_quantized",
     "unpack_codes",
     "FLOAT_FORMATS",
     "Granularity",
@@ -63,6 +63,6 @@ __all__ = [
     "dequantize",
     "fake_quantize",
     "fake_quantize_float",
-    "quantize",
+    "quantize_tensor",
     "sqnr",
 ]

@@ -18,24 +18,30 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from diffquant.probes import ATTENTION_KINDS, Probe
-from diffquant.quant.config import HEAD_GRANULARITIES, ActQuant
+from diffquant.kinds import ATTENTION_KINDS, MAP_KINDS
+from diffquant.probes import Probe
+from diffquant.quant.config import (
+    HEAD_GRANULARITIES,
+    PER_SEQUENCE_GRANULARITIES,
+    SEQUENCE,
+    ActQuant,
+    canonical_granularity,
+)
 from diffquant.quant.numerics import PerAxis, fake_quantize
 
-__all__ = ["ATTENTION_KINDS", "InputQuantLinear", "QuantProbe", "act_granularity", "quantize_activation"]
-
-
+__all__ = ["InputQuantLinear", "QuantProbe", "act_granularity", "quantize_activation"]
 
 def act_granularity(granularity: str, ndim: int, kind: str | None = None) -> PerAxis:
     """The explicit reduction of a probe-level granularity for a tensor of ``ndim`` dims (dim 0 = batch).
 
-    "tensor" keeps dim 0 (per sequence); "row"/"token" keep every dim but the last; "head" keeps (batch, head):
+    "sequence" (old name "tensor") keeps dim 0; "row"/"token" keep every dim but the last; "head" keeps (batch, head):
     for Diff attention maps [B, H, 2, T, S] both maps of a head share the scale; "head_map" keeps the map index
     too (one scale per map, like the matched Transformer's heads; the same as "head" for every other tensor).
     """
     if ndim < 2:
         raise ValueError(f"activation quantization needs a batch dim and a feature dim, got a {ndim}-d tensor")
-    if granularity == "tensor":
+    granularity = canonical_granularity(granularity)
+    if granularity == SEQUENCE:
         return PerAxis((0,))
     if granularity in ("row", "token"):
         return PerAxis(tuple(range(ndim - 1)))
@@ -43,7 +49,7 @@ def act_granularity(granularity: str, ndim: int, kind: str | None = None) -> Per
         if kind not in ATTENTION_KINDS:
             raise ValueError(f"granularity {granularity!r} applies to attention probes only, "
                              f"not to {kind or 'this tensor'}")
-        diff_maps = kind in ("attn_logits", "attn_probs") and ndim == 5
+        diff_maps = kind in MAP_KINDS and ndim == 5
         return PerAxis((0, 1, 2) if diff_maps and granularity == "head_map" else (0, 1))
     raise ValueError(f"unknown activation granularity {granularity!r}")
 
@@ -69,10 +75,12 @@ class QuantProbe(Probe):
 
     @classmethod
     def from_probe(cls, probe: Probe, act: ActQuant) -> "QuantProbe":
-        return cls(probe.kind, act)
+        quant = cls(probe.kind, act)
+        quant.window = probe.window
+        return quant
 
     def forward(self, x: torch.Tensor, q_offset: int = 0) -> torch.Tensor:
-        if q_offset and self.causal and self.act.granularity in ("tensor", *HEAD_GRANULARITIES):
+        if q_offset and self.causal and self.act.granularity in PER_SEQUENCE_GRANULARITIES:
             # With query chunks a per-sequence scale would only see one chunk: results would depend on chunking.
             raise RuntimeError(
                 f"{self.kind} quantization with granularity {self.act.granularity!r} needs unchunked eager "

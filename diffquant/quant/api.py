@@ -3,13 +3,16 @@
 Modules are chosen by type and name, never by importing the model code, so the same calls work on diffquant
 models and on Hugging Face models:
 
-* weights and Linear inputs: the ``nn.Linear`` modules that ``filter_fn(name, module)`` accepts; by default
+* weights and Linear inputs: the ``nn.Linear`` modules (and transformers' ``Conv1D``, GPT-2's Linear that stores
+  its weight transposed, [in, out]: each chosen one is first swapped for the equal ``nn.Linear`` with weight
+  ``Wᵀ``, so scales are per output channel as for any Linear) that ``filter_fn(name, module)`` accepts; by default
   those inside the blocks (a qualified name with a numeric part, e.g. ``layers.3.attn.q_proj``), so the
   embedding and the output head stay float unless ``WeightQuant(embeddings=True)`` (or a filter) asks;
-* probes (logits, probs, qk, hidden): every ``Probe`` of the configured kinds (diffquant models only).
+* probes (logits, probs, qk, hidden): every ``Probe`` of the configured kinds (diffquant models, and HF models
+  through :class:`~diffquant.hf_probes.HFProbed`: hidden states, and attention logits where it probes them).
 
 Everything is installed by module swap (see ``act.py`` / ``linear.py``); the config is recorded on the model
-as ``model.quant_config`` and every swapped module knows its own scheme, which ``packed.py`` saves.
+as ``model.quant_config`` and every swapped module knows its own scheme, which ``diffquant/checkpoint/packed.py`` saves.
 """
 
 from __future__ import annotations
@@ -21,16 +24,19 @@ from typing import Callable, Iterable
 import torch
 from torch import nn
 
+from diffquant.dispatch import place_like, resident
+from diffquant.kinds import ATTENTION_KINDS
 from diffquant.probes import probes
 from diffquant.quant.act import InputQuantLinear, QuantProbe
-from diffquant.quant.config import HEAD_GRANULARITIES, QuantConfig, WeightQuant
+from diffquant.quant.config import PER_SEQUENCE_GRANULARITIES, QuantConfig, WeightQuant
 from diffquant.quant.gptq import gptq_quantize_
 from diffquant.quant.linear import QuantEmbedding, QuantLinear, _PackedWeight
 from diffquant.quant.rtn import rtn_codes
 
 log = logging.getLogger(__name__)
 
-__all__ = ["default_filter", "is_quantized", "iter_quantized", "quantize", "quantize_", "tie_packed"]
+__all__ = ["conv1d_to_linear", "default_filter", "is_conv1d", "is_quantized", "iter_quantized", "quantize",
+           "quantize_", "tie_packed"]
 
 FilterFn = Callable[[str, nn.Module], bool]
 CALIB_BATCH = 8  # rows per forward when calib is one [N, T] tensor
@@ -40,9 +46,40 @@ def _inside_block(name: str) -> bool:
     return any(part.isdigit() for part in name.split("."))
 
 
+def is_conv1d(module: nn.Module) -> bool:
+    """transformers' ``Conv1D`` (GPT-2 family): ``y = x @ W + b`` with W [in, out]; found by name, not import."""
+    return type(module).__name__ == "Conv1D" and type(module).__module__.startswith("transformers")
+
+
+def _linear_like(module: nn.Module) -> bool:
+    return type(module) is nn.Linear or is_conv1d(module)
+
+
 def default_filter(name: str, module: nn.Module) -> bool:
-    """The Linear layers inside the blocks (their names have a numeric part: ``layers.0.mlp.up_proj``)."""
-    return type(module) is nn.Linear and _inside_block(name)
+    """The Linear (or Conv1D) layers inside the blocks (their names have a numeric part: ``layers.0.mlp.up_proj``)."""
+    return _linear_like(module) and _inside_block(name)
+
+
+def _in_features(module: nn.Module) -> int:
+    return module.weight.shape[0] if is_conv1d(module) else module.weight.shape[1]
+
+
+def conv1d_to_linear(conv: nn.Module) -> nn.Linear:
+    """The ``nn.Linear`` computing what ``conv`` (a transformers Conv1D, weight [in, out]) computes."""
+    n_in, n_out = conv.weight.shape
+    linear = nn.Linear(n_in, n_out, bias=conv.bias is not None, device=conv.weight.device, dtype=conv.weight.dtype)
+    with torch.no_grad():
+        linear.weight.copy_(conv.weight.T)
+        if conv.bias is not None:
+            linear.bias.copy_(conv.bias)
+    return linear
+
+
+def _linearize(model: nn.Module, names: list[str]) -> None:
+    for name in names:
+        module = model.get_submodule(name)
+        if is_conv1d(module):
+            model.set_submodule(name, conv1d_to_linear(module))
 
 
 def is_quantized(model: nn.Module) -> bool:
@@ -71,6 +108,8 @@ def quantize_(model: nn.Module, config: QuantConfig, calib=None, filter_fn: Filt
     _check_before_changes(model, config, linears, embeddings, batches)
     if config.needs_eager:
         _ensure_eager(model)
+    if wq is not None or (config.activations is not None and not config.activations.is_noop):
+        _linearize(model, linears)
     if wq is not None:
         _quantize_weights(model, wq, linears, embeddings, batches)
     if config.activations is not None and not config.activations.is_noop:
@@ -92,7 +131,7 @@ def _select(model: nn.Module, wq: WeightQuant | None, filter_fn: FilterFn | None
             return bool(filter_fn(name, module))
         return default_filter(name, module) or (want_embeddings and not _inside_block(name))
 
-    linears = [n for n, m in model.named_modules() if type(m) is nn.Linear and chosen(n, m)]
+    linears = [n for n, m in model.named_modules() if _linear_like(m) and chosen(n, m)]
     embeddings = [n for n, m in model.named_modules()
                   if want_embeddings and type(m) is nn.Embedding and chosen(n, m)]
     return linears, embeddings
@@ -118,7 +157,8 @@ def _check_before_changes(model, config: QuantConfig, linears, embeddings, batch
         if not linears and not embeddings:
             raise ValueError("no nn.Linear module matches the filter: nothing to quantize")
         for name in linears + embeddings:
-            width = model.get_submodule(name).weight.shape[1]
+            module = model.get_submodule(name)
+            width = _in_features(module) if name in linears else module.weight.shape[1]
             if wq.group_size is not None and width % wq.group_size:
                 raise ValueError(f"group_size {wq.group_size} does not divide the input width {width} of {name}")
         if wq.method == "gptq" and not batches:
@@ -135,9 +175,10 @@ def _check_before_changes(model, config: QuantConfig, linears, embeddings, batch
     found = {p.kind for p in probes(model).values()}
     missing = sorted(set(targets) - found)
     if missing:
-        raise ValueError(f"the model has no {', '.join(missing)} probes (only diffquant models expose them)")
+        raise ValueError(f"the model has no {', '.join(missing)} probes (diffquant models have every kind; "
+                         "HFProbed hidden and, where probed, attn_logits)")
     chunked = any(getattr(m, "chunk", None) for m in model.modules())
-    coarse = any(a.granularity in ("tensor", *HEAD_GRANULARITIES) for k, a in targets.items() if k.startswith("attn_"))
+    coarse = any(a.granularity in PER_SEQUENCE_GRANULARITIES for k, a in targets.items() if k in ATTENTION_KINDS)
     if chunked and coarse:
         raise ValueError("per-tensor/per-head attention quantization needs unchunked eager attention "
                          "(set_attn_impl('eager', chunk=None)) or granularity 'row'")
@@ -165,8 +206,10 @@ def _quantize_weights(model, wq: WeightQuant, linears: list[str], embeddings: li
     if wq.method == "rtn":
         for name in own:
             linear = model.get_submodule(name)
-            codes, scale, zero = rtn_codes(linear.weight, wq.bits, wq.group_size, wq.symmetric, wq.grid)
-            model.set_submodule(name, QuantLinear.from_codes(linear, codes, scale, zero, wq.bits, wq.group_size))
+            with resident(linear):  # offloaded (device_map): loaded for this layer only, then written back
+                codes, scale, zero = rtn_codes(linear.weight, wq.bits, wq.group_size, wq.symmetric, wq.grid)
+                quantized = QuantLinear.from_codes(linear, codes, scale, zero, wq.bits, wq.group_size)
+            model.set_submodule(name, place_like(quantized, linear))
     elif wq.method == "gptq":
         gptq_quantize_(model, own, batches, wq.bits, wq.group_size, wq.symmetric, wq.act_order, wq.damp,
                        wq.block_size, wq.grid, wq.sequential)

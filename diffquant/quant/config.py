@@ -4,12 +4,13 @@
 the dynamic quantizers at probes and Linear inputs::
 
     QuantConfig(weights=WeightQuant("gptq", bits=4, group_size=128),
-                logits=ActQuant(bits=4, granularity="tensor"),     # the paper's experiment
+                logits=ActQuant(bits=4, granularity="sequence"),   # the paper's experiment
                 activations=ActQuant(bits=8, granularity="token")) # W4A8
 
 Activation granularities (scales are always per sequence at least, so results never depend on batch size):
 
-* ``"tensor"``: one scale per sequence (batch element) per probe call;
+* ``"sequence"``: one scale per sequence (batch element) per probe call (``"tensor"``, its old name, is read
+  as ``"sequence"`` everywhere: configs, quant.json, records, command-line flags);
 * ``"head"``: per sequence and head (attention probes only; both maps of a Diff head share the scale);
 * ``"head_map"``: per sequence, head and Diff map (the same as ``"head"`` for every other tensor), since one
   nearly unused map can set a shared step size;
@@ -28,22 +29,35 @@ import numbers
 from dataclasses import dataclass
 
 from ..io import JsonConfig
+from ..kinds import (
+    ACT_GRANULARITIES,
+    ATTENTION_KINDS,
+    ATTN_K,
+    ATTN_LOGITS,
+    ATTN_PROBS,
+    ATTN_Q,
+    GRANULARITY_ALIASES,  # noqa: F401  (re-exported)
+    HEAD_GRANULARITIES,
+    HIDDEN,
+    PER_SEQUENCE_GRANULARITIES,  # noqa: F401  (re-exported)
+    SEQUENCE,
+    canonical_granularity,
+)
 
 __all__ = ["ACT_GRANULARITIES", "HEAD_GRANULARITIES", "PROBE_TARGETS", "WEIGHT_METHODS", "ActQuant", "QuantConfig",
-           "WeightQuant"]
+           "WeightQuant", "canonical_granularity"]
 
 WEIGHT_METHODS = ("rtn", "gptq", "bnb-int8", "bnb-nf4", "bnb-fp4")
 BNB_BITS = {"bnb-int8": 8, "bnb-nf4": 4, "bnb-fp4": 4}
-HEAD_GRANULARITIES = ("head", "head_map")  # attention probes only
-ACT_GRANULARITIES = ("tensor", *HEAD_GRANULARITIES, "row", "token")
 # QuantConfig field -> probe kinds it quantizes (``activations`` = the inputs of the selected Linear layers).
 PROBE_TARGETS: dict[str, tuple[str, ...]] = {
-    "logits": ("attn_logits",),
-    "probs": ("attn_probs",),
-    "qk": ("attn_q", "attn_k"),
-    "hidden": ("hidden",),
+    "logits": (ATTN_LOGITS,),
+    "probs": (ATTN_PROBS,),
+    "qk": (ATTN_Q, ATTN_K),
+    "hidden": (HIDDEN,),
 }
-ATTENTION_FIELDS = ("logits", "probs", "qk")  # need eager attention: fused kernels never show these tensors
+# Fields that need eager attention: fused kernels never show these tensors.
+ATTENTION_FIELDS = tuple(f for f, kinds in PROBE_TARGETS.items() if set(kinds) <= set(ATTENTION_KINDS))
 
 
 def _is_int(value: object) -> bool:
@@ -145,18 +159,20 @@ class ActQuant:
     """Dynamic (per forward) integer quantization of an activation: absmax (or min/max) per slice.
 
     bits: 2..16; 16 means unquantized (the paper's convention) unless ``unquantized_at_16=False``.
-    granularity: "tensor" (per sequence), "head" (per sequence and head), "head_map" (per
+    granularity: "sequence" (old name "tensor"), "head" (per sequence and head), "head_map" (per
     sequence, head and Diff map), "row" / "token" (per vector).
     """
 
     bits: int = 8
-    granularity: str = "tensor"
+    granularity: str = SEQUENCE
     symmetric: bool = True
     unquantized_at_16: bool = True
 
     def __post_init__(self) -> None:
         if not _is_int(self.bits) or not 2 <= self.bits <= 16:
             raise ValueError(f"activation bits must be an integer in 2..16, got {self.bits!r}")
+        if isinstance(self.granularity, str):
+            object.__setattr__(self, "granularity", canonical_granularity(self.granularity))
         if self.granularity not in ACT_GRANULARITIES:
             raise ValueError(f"unknown activation granularity {self.granularity!r}; "
                              f"expected one of {', '.join(ACT_GRANULARITIES)}")

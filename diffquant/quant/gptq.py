@@ -31,8 +31,9 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from diffquant.dispatch import input_device, place_like, resident
 from diffquant.quant.linear import QuantLinear
-from diffquant.quant.numerics import PerAxis, code_range, quantize
+from diffquant.quant.numerics import PerAxis, code_range, quantize_tensor
 from diffquant.quant.rtn import check_grid, full_grid_params, rtn_codes, weight_granularity
 
 log = logging.getLogger(__name__)
@@ -140,7 +141,7 @@ def _group_params(W, W1, i1, i2, members, bits, symmetric, full):
     vals[:, inside] = W1[:, members[inside] - i1]
     if full:
         return full_grid_params(vals, bits)
-    _, s, z, _ = quantize(vals, bits, PerAxis((0,)), symmetric)
+    _, s, z, _ = quantize_tensor(vals, bits, PerAxis((0,)), symmetric)
     return s[:, 0], None if z is None else z[:, 0].to(vals.dtype)
 
 
@@ -189,9 +190,11 @@ def gptq_quantize_(
     def quantize_stage(owner: nn.Module, prefix: str, stage: list[str], hessians: dict, bar) -> None:
         for name in stage:
             linear = owner.get_submodule(name)
-            codes, scale, zero = gptq_codes(linear.weight, hessians[name].hessian(), bits, group_size, symmetric,
-                                            act_order, damp, block_size, grid)
-            owner.set_submodule(name, QuantLinear.from_codes(linear, codes, scale, zero, bits, group_size))
+            with resident(linear):  # offloaded (device_map): its float weight loaded for this layer only
+                codes, scale, zero = gptq_codes(linear.weight, hessians[name].hessian(), bits, group_size,
+                                                symmetric, act_order, damp, block_size, grid)
+                quantized = QuantLinear.from_codes(linear, codes, scale, zero, bits, group_size)
+            owner.set_submodule(name, place_like(quantized, linear))  # written back where the float one lived
             done.append(prefix + name)
             bar.update(1)
 
@@ -199,9 +202,11 @@ def gptq_quantize_(
         log.warning("GPTQ: %d layers never ran in the forward (%s); using round-to-nearest",
                     len(left), ", ".join(prefix + n for n in left[:3]))
         for name in left:
-            codes, scale, zero = rtn_codes(owner.get_submodule(name).weight, bits, group_size, symmetric, grid)
-            owner.set_submodule(name, QuantLinear.from_codes(owner.get_submodule(name), codes, scale, zero, bits,
-                                                             group_size))
+            linear = owner.get_submodule(name)
+            with resident(linear):
+                codes, scale, zero = rtn_codes(linear.weight, bits, group_size, symmetric, grid)
+                quantized = QuantLinear.from_codes(linear, codes, scale, zero, bits, group_size)
+            owner.set_submodule(name, place_like(quantized, linear))
 
     def run_stages(owner, prefix, left, inputs, forward, bar) -> None:
         while left:
@@ -263,7 +268,7 @@ def _block_inputs(model: nn.Module, first: nn.Module, calib) -> list[tuple[tuple
         raise _StopForward
 
     handle = first.register_forward_pre_hook(hook, with_kwargs=True)
-    device = next(model.parameters()).device
+    device = input_device(model)
     try:
         for batch in calib:
             try:
@@ -340,7 +345,7 @@ def _calibrate_next_stage(
         return hook
 
     handles = [model.get_submodule(n).register_forward_pre_hook(make_hook(n)) for n in remaining]
-    device = next(model.parameters()).device
+    device = input_device(model)
     forward = forward or (lambda m, batch: m(batch))
     try:
         for item in inputs:

@@ -40,7 +40,7 @@ __all__ = [
     "dequantize",
     "fake_quantize",
     "fake_quantize_float",
-    "quantize",
+    "quantize_tensor",
     "sqnr",
 ]
 
@@ -243,7 +243,7 @@ def _float_codes(
 
 
 class QTensor(NamedTuple):
-    """Result of :func:`quantize`; ``dequantize(*qt)`` reconstructs in the input's dtype.
+    """Result of :func:`quantize_tensor`; ``dequantize(*qt)`` reconstructs in the input's dtype.
 
     codes: int8 / int16 / int32 (smallest signed type for the code range), shape of x.
     scale: compute dtype; broadcastable to x (PerGroup: ``[..., n_groups]``, expanded by dequantize).
@@ -257,7 +257,7 @@ class QTensor(NamedTuple):
     dtype: torch.dtype
 
 
-def quantize(
+def quantize_tensor(
     x: torch.Tensor,
     bits: int,
     granularity: Granularity | str = PerTensor(),
@@ -314,7 +314,7 @@ def fake_quantize(
 ) -> torch.Tensor:
     """Quantize and dequantize in one pass: a new tensor of x's dtype and shape.
 
-    Bit-identical to ``dequantize(*quantize(x, ...))`` but skips the integer tensor. No straight-through
+    Bit-identical to ``dequantize(*quantize_tensor(x, ...))`` but skips the integer tensor. No straight-through
     gradient: this is for post-training quantization.
     """
     bits, gran = _check_bits(bits), as_granularity(granularity)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from diffquant.quant.numerics import PerAxis, PerGroup, quantize
+from diffquant.quant.numerics import PerAxis, PerGroup, quantize_tensor
 
 __all__ = ["GRIDS", "full_grid_params", "rtn_codes", "weight_granularity"]
 
@@ -58,5 +58,5 @@ def rtn_codes(
         q = torch.round(groups / torch.where(s > 0, s, torch.inf)[:, None]) + z[:, None]
         codes = q.clamp_(0, 2**bits - 1).reshape(rows, cols).to(torch.int16)
         return codes, s.reshape(rows, -1), z.reshape(rows, -1).to(torch.int16)
-    codes, scale, zero, _ = quantize(weight.detach(), bits, gran, symmetric)
+    codes, scale, zero, _ = quantize_tensor(weight.detach(), bits, gran, symmetric)
     return codes, scale.reshape(weight.shape[0], -1), None if zero is None else zero.reshape(weight.shape[0], -1)

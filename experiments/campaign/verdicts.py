@@ -7,7 +7,8 @@ Pairs (identical data order within a pair; every arm is set against the Transfor
 * ``xs-lr1e-2-sN``: part 1's short protocol at lr 1e-2 (6.03M tokens, wsd, last 20% decayed), where the
   Transformer already passes the gate; seeds 0-1 from experiments/lr_sweep/runs, seeds 2+ and the gated /
   clipped arms (seed 0) from experiments/campaign/short;
-* ``xs-lr3e-3-s0-<tokens>``: the long run's cooled branches (experiments/campaign/long, cooldown.sh).
+* ``xs-lr3e-3-s0-<tokens>``: the long run's cooled branches (experiments/campaign/long, cooldown.sh);
+* ``xs-real-lr1e-2-s0``: the real-text control, the short protocol on real text (experiments/campaign/realtext.sh).
 
 Every pair is profiled on the real cased TinyStories held-out text (its first 64 windows of 512 tokens as in
 part 1, global protocol, exact medians) and its attention logits swept at 16/8/6/4 bits with three scale
@@ -31,6 +32,7 @@ from diffquant.tokenizer import Tokenizer
 REPO = Path(__file__).resolve().parents[2]
 CORPUS = REPO / "experiments/corpus/stories260k-s0"
 SHORT_ROOTS = (REPO / "experiments/lr_sweep/runs", REPO / "experiments/campaign/short")
+REAL_ROOT = REPO / "experiments/campaign/realtext"
 LONG_RUN = REPO / "experiments/campaign/long/xs-lr3e-3-s0"
 SHORT_TOKENS = 736 * 16 * 512
 SEQ_LEN, BATCH = 512, 16
@@ -40,16 +42,22 @@ def rel(path: Path) -> str:
     return str(path.relative_to(REPO))
 
 
-def short_pairs(lr: str = "1e-2") -> list[dict]:
+def short_pairs(lr: str = "1e-2", roots=SHORT_ROOTS, name: str = "xs", corpus: str = "") -> list[dict]:
+    """Part 1's short protocol: every seed with a Transformer and another arm under ``roots``."""
     pairs = []
     for seed in range(10):
-        ckpts = {arch: rel(final) for arch in ARCHS for root in SHORT_ROOTS
+        ckpts = {arch: rel(final) for arch in ARCHS for root in roots
                  if ((final := root / f"{arch}-lr{lr}-s{seed}" / "final") / "model.safetensors").is_file()}
         if "transformer" in ckpts and len(ckpts) > 1:
-            budget = f"{tokens_label(SHORT_TOKENS)} @ lr {lr}"
-            pairs.append({"pair": f"xs-lr{lr}-s{seed}", "preset": "xs", "seed": seed, "budget": budget,
+            budget = f"{tokens_label(SHORT_TOKENS)} @ lr {lr}{corpus}"
+            pairs.append({"pair": f"{name}-lr{lr}-s{seed}", "run": f"{name}-lr{lr}-s{seed}", "preset": "xs",
+                          "seed": seed, "budget": budget,
                           "tokens": SHORT_TOKENS, "cooled": True, "checkpoints": ckpts})
     return pairs
+
+
+def real_pairs() -> list[dict]:
+    return short_pairs(roots=(REAL_ROOT,), name="xs-real", corpus=", real text")
 
 
 def long_pairs() -> list[dict]:
@@ -62,8 +70,8 @@ def long_pairs() -> list[dict]:
         if len(ckpts) > 1:
             tokens = json.loads((final.parent / "train_log.json").read_text())["tokens_seen"]
             label = f"{tokens_label(tokens)} @ lr 3e-3"
-            pairs.append({"pair": f"xs-lr3e-3-s0-{tokens_label(tokens)}", "preset": "xs", "seed": 0,
-                          "budget": label, "tokens": tokens, "cooled": True, "checkpoints": ckpts})
+            pairs.append({"pair": f"xs-lr3e-3-s0-{tokens_label(tokens)}", "run": "xs-lr3e-3-s0", "preset": "xs",
+                          "seed": 0, "budget": label, "tokens": tokens, "cooled": True, "checkpoints": ckpts})
     return pairs
 
 
@@ -80,7 +88,7 @@ def main() -> None:
     out = Path(args.out)
     ids = heldout_ids(Tokenizer.load(CORPUS / "tokenizer.model"))
     tasks = {"tinystories": args.windows, "test": args.windows}
-    pairs = [p for p in short_pairs() + long_pairs() if args.only is None or args.only in p["pair"]]
+    pairs = [p for p in short_pairs() + long_pairs() + real_pairs() if args.only is None or args.only in p["pair"]]
     results, table5 = [], {}
     for pair in pairs:
         logging.info("pair %s: %s", pair["pair"], ", ".join(pair["checkpoints"]))

@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from diffquant import ModelConfig, build_model, load_checkpoint, num_params, profile
-from diffquant.gguf import stories260k_path
+from diffquant.checkpoint.gguf import stories260k_path
 from diffquant.profile import token_batches
 from diffquant.quant import QuantConfig, WeightQuant, quantize_model
 

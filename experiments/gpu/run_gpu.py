@@ -72,9 +72,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from diffquant.checkpoint.gguf import stories260k_path
 from diffquant.config import ModelConfig
 from diffquant.corpus import heldout_ids, load_corpus
-from diffquant.gguf import stories260k_path
 from diffquant.io import atomic_write_text
 from diffquant.regime import profile_pair, sweep_pair, sweep_path, tokens_label, verdict, write_outputs
 from diffquant.sample import sample_corpus

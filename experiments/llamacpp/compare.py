@@ -34,12 +34,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from diffquant.checkpoint import load_checkpoint
+from diffquant.checkpoint import load_checkpoint, save_quantized
+from diffquant.checkpoint.gguf import stories260k_path, stories260k_tokenizer_path
 from diffquant.data import encode_documents, load_documents
-from diffquant.gguf import stories260k_path, stories260k_tokenizer_path
 from diffquant.gguf_export import save_gguf
 from diffquant.io import dump_json
-from diffquant.quant import QuantConfig, WeightQuant, save_quantized
+from diffquant.quant import QuantConfig, WeightQuant
 from diffquant.quant.api import default_filter, quantize
 from diffquant.tokenizer import Tokenizer
 from diffquant.train import split_tokens

@@ -25,8 +25,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
 from diffquant import load_checkpoint, profile  # noqa: E402
+from diffquant.checkpoint.gguf import stories260k_path, stories260k_tokenizer_path  # noqa: E402
 from diffquant.corpus import heldout_ids  # noqa: E402
-from diffquant.gguf import stories260k_path, stories260k_tokenizer_path  # noqa: E402
 from diffquant.quant import ActQuant, QuantConfig, quantize_model  # noqa: E402
 from diffquant.regime import GATE_LOGIT_TOP1, GATE_PPL_FACTOR  # noqa: E402
 from diffquant.tokenizer import Tokenizer  # noqa: E402

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from diffquant import build_model
-from diffquant.quant import QuantConfig, WeightQuant, load_quantized, quantize_model, save_quantized
+from diffquant.checkpoint import load_quantized, save_quantized
+from diffquant.quant import QuantConfig, WeightQuant, quantize_model
 from tests.conftest import tiny_config
 
 METHODS = ["bnb-int8", "bnb-nf4", "bnb-fp4"]

@@ -21,7 +21,7 @@ from diffquant.quant import (
     dequantize,
     fake_quantize,
     fake_quantize_float,
-    quantize,
+    quantize_tensor,
     sqnr,
 )
 
@@ -76,7 +76,7 @@ def grouped_np(x, g):
 def test_per_tensor_symmetric_is_bit_exact_against_float32_reference(bits):
     x = randn(64, 96, seed=bits)
     q_ref, s_ref, y_ref = ref_symmetric(x.numpy(), bits, axis=None)
-    qt = quantize(x, bits)
+    qt = quantize_tensor(x, bits)
     assert qt.scale.dtype == torch.float32 and qt.scale.shape == (1, 1)
     np.testing.assert_array_equal(qt.scale.numpy(), s_ref)
     np.testing.assert_array_equal(qt.codes.numpy(), q_ref)
@@ -89,7 +89,7 @@ def test_per_tensor_symmetric_agrees_with_float64_reference(bits):
     x = randn(128, 128, seed=100 + bits)
     x64 = x.numpy().astype(np.float64)
     q64, s64, y64 = ref_symmetric(x64, bits, axis=None)
-    qt = quantize(x, bits)
+    qt = quantize_tensor(x, bits)
     # The float32 scale is the float64 one rounded once.
     assert abs(qt.scale.item() - s64.item()) <= s64.item() * 2.0**-24
     # Codes agree except where x/scale lies within float32 noise of a rounding tie, and then by one.
@@ -116,7 +116,7 @@ def test_per_tensor_symmetric_agrees_with_float64_reference(bits):
 def test_per_axis_symmetric_is_bit_exact(shape, gran, axis, bits):
     x = randn(*shape, seed=bits + len(shape))
     q_ref, s_ref, y_ref = ref_symmetric(x.numpy(), bits, axis=axis)
-    qt = quantize(x, bits, gran)
+    qt = quantize_tensor(x, bits, gran)
     np.testing.assert_array_equal(qt.scale.numpy(), s_ref)
     np.testing.assert_array_equal(qt.codes.numpy(), q_ref)
     np.testing.assert_array_equal(fake_quantize(x, bits, gran).numpy(), y_ref)
@@ -131,7 +131,7 @@ def test_per_group_is_bit_exact(symmetric, g):
         q_ref, s_ref, y_ref = ref_symmetric(xg, bits, axis=-1)
     else:
         q_ref, s_ref, z_ref, y_ref = ref_asymmetric(xg, bits, axis=-1)
-    qt = quantize(x, bits, PerGroup(g), symmetric=symmetric)
+    qt = quantize_tensor(x, bits, PerGroup(g), symmetric=symmetric)
     assert qt.scale.shape == (3, 10, 64 // g)
     np.testing.assert_array_equal(qt.scale.numpy(), s_ref[..., 0])
     np.testing.assert_array_equal(qt.codes.numpy(), q_ref.reshape(x.shape))
@@ -146,7 +146,7 @@ def test_per_group_is_bit_exact(symmetric, g):
 def test_asymmetric_is_bit_exact(bits, gran, axis):
     x = randn(32, 50, seed=bits) + 0.7  # off-centre so lo and hi differ in size
     q_ref, s_ref, z_ref, y_ref = ref_asymmetric(x.numpy(), bits, axis)
-    qt = quantize(x, bits, gran, symmetric=False)
+    qt = quantize_tensor(x, bits, gran, symmetric=False)
     np.testing.assert_array_equal(qt.scale.numpy(), s_ref)
     np.testing.assert_array_equal(qt.zero.numpy(), z_ref)
     np.testing.assert_array_equal(qt.codes.numpy(), q_ref)
@@ -160,7 +160,7 @@ def test_asymmetric_is_bit_exact(bits, gran, axis):
 @pytest.mark.parametrize("bits", range(2, 17))
 def test_codes_dtype_and_range(bits, symmetric):
     x = randn(40, 64, seed=bits)
-    qt = quantize(x, bits, PerAxis((0,)), symmetric=symmetric)
+    qt = quantize_tensor(x, bits, PerAxis((0,)), symmetric=symmetric)
     lo, hi = code_range(bits, symmetric)
     expected = torch.int8 if hi <= 127 else torch.int16 if hi <= 32767 else torch.int32
     assert qt.codes.dtype == expected and qt.codes.shape == x.shape
@@ -176,7 +176,7 @@ def test_codes_dtype_and_range(bits, symmetric):
 @pytest.mark.parametrize("symmetric", [True, False])
 def test_quantize_dequantize_equals_fake_quantize(dtype, gran, symmetric):
     x = randn(6, 5, 32, seed=7, dtype=dtype) * 3
-    qt = quantize(x, 5, gran, symmetric=symmetric)
+    qt = quantize_tensor(x, 5, gran, symmetric=symmetric)
     assert isinstance(qt, QTensor) and qt.dtype == dtype
     assert qt.scale.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
     y = fake_quantize(x, 5, gran, symmetric=symmetric)
@@ -197,7 +197,7 @@ def test_half_inputs_are_computed_in_float32(dtype):
 @pytest.mark.parametrize("bits", [3, 8])
 def test_asymmetric_round_trip_error_is_at_most_half_a_step(gran, bits):
     x = randn(4, 6, 32, seed=bits).exp()  # one-signed, skewed data
-    qt = quantize(x, bits, gran, symmetric=False)
+    qt = quantize_tensor(x, bits, gran, symmetric=False)
     y = dequantize(*qt)
     scale = qt.scale.unsqueeze(-1) if isinstance(gran, PerGroup) else qt.scale
     err = (y - x).reshape(*qt.scale.shape, -1) if isinstance(gran, PerGroup) else y - x
@@ -208,7 +208,7 @@ def test_zero_slices_stay_zero():
     x = randn(5, 16, seed=11)
     x[2] = 0.0
     for symmetric in (True, False):
-        qt = quantize(x, 4, PerAxis((0,)), symmetric=symmetric)
+        qt = quantize_tensor(x, 4, PerAxis((0,)), symmetric=symmetric)
         assert qt.scale[2].item() == 0 and torch.all(qt.codes[2] == 0)
         y = fake_quantize(x, 4, PerAxis((0,)), symmetric=symmetric)
         assert torch.all(y[2] == 0) and torch.isfinite(y).all()
@@ -220,7 +220,7 @@ def test_zero_slices_stay_zero():
 
 def test_ties_round_half_to_even():
     x = torch.tensor([0.5, 1.5, 2.5, -0.5, -3.5, 7.0])  # amax 7 at 4 bits: scale 1, x / scale exact
-    assert quantize(x, 4).codes.tolist() == [0, 2, 2, 0, -4, 7]
+    assert quantize_tensor(x, 4).codes.tolist() == [0, 2, 2, 0, -4, 7]
     assert fake_quantize(x, 4).tolist() == [0.0, 2.0, 2.0, 0.0, -4.0, 7.0]
 
 
@@ -235,7 +235,7 @@ def test_constant_slices_have_no_nan(c):
 
 def test_zero_dim_and_elementwise_slices():
     x = torch.tensor(-1.75)
-    assert torch.equal(fake_quantize(x, 3), x) and quantize(x, 3).codes.item() == -3
+    assert torch.equal(fake_quantize(x, 3), x) and quantize_tensor(x, 3).codes.item() == -3
     v = randn(9, seed=2)
     torch.testing.assert_close(fake_quantize(v, 2, PerAxis((0,))), v, rtol=1e-6, atol=0)
 
@@ -272,7 +272,7 @@ def test_sqnr_grows_with_bits(seed, n, symmetric):
 )
 def test_error_is_at_most_half_a_step_on_heavy_tails(seed, n, bits, symmetric):
     x = student_t(n, seed=seed)
-    qt = quantize(x, bits, symmetric=symmetric)
+    qt = quantize_tensor(x, bits, symmetric=symmetric)
     assert torch.all((dequantize(*qt) - x).abs() <= qt.scale * 0.5 * (1 + 1e-5))
 
 
@@ -301,8 +301,8 @@ def test_mask_ignores_planted_outlier(gran, symmetric):
     # Above the causal diagonal, so masked out, in groups of 4 that keep some entries.
     planted[1, 2, 9, 11] = 1e4
     planted[0, 0, 5, 7] = -1e4
-    clean = quantize(x, 4, gran, symmetric=symmetric, mask=mask)
-    qt = quantize(planted, 4, gran, symmetric=symmetric, mask=mask)
+    clean = quantize_tensor(x, 4, gran, symmetric=symmetric, mask=mask)
+    qt = quantize_tensor(planted, 4, gran, symmetric=symmetric, mask=mask)
     assert torch.equal(qt.scale, clean.scale)
     if not symmetric:
         assert torch.equal(qt.zero, clean.zero)
@@ -318,7 +318,7 @@ def test_mask_matches_reference_that_excludes_masked_entries():
     xn, mn = x.numpy(), np.broadcast_to(mask.numpy(), x.shape)
     for axis, gran in ((None, PerTensor()), ((1, 2, 3), PerAxis((0,))), ((2, 3), PerAxis((0, 1)))):
         _, s_ref, y_ref = ref_symmetric(xn, 6, axis=axis, mask=mn)
-        qt = quantize(x, 6, gran, mask=mask)
+        qt = quantize_tensor(x, 6, gran, mask=mask)
         np.testing.assert_array_equal(qt.scale.numpy(), s_ref)
         np.testing.assert_array_equal(fake_quantize(x, 6, gran, mask=mask).numpy(), y_ref)
 
@@ -351,7 +351,7 @@ def test_inputs_are_never_modified():
             fake_quantize(x, 4),
             fake_quantize(x, 4, PerGroup(4), symmetric=False, mask=mask),
             fake_quantize(x, 16, PerAxis((0, 1, 2, 3))),
-            quantize(x, 8, PerAxis((0,)), mask=mask).codes,
+            quantize_tensor(x, 8, PerAxis((0,)), mask=mask).codes,
             *(fake_quantize_float(x, fmt, mask=mask) for fmt in FLOAT_FORMATS),
         ]
         assert torch.equal(x, before) and torch.equal(mask, mask_before)
@@ -434,7 +434,7 @@ def one_line_value_error(fn, match):
 def test_bad_bits_raise(bits):
     x = randn(4, 4, seed=0)
     expected = re.escape(f"bits must be an integer in 2..16, got {bits!r}")
-    one_line_value_error(lambda: quantize(x, bits), expected)
+    one_line_value_error(lambda: quantize_tensor(x, bits), expected)
     one_line_value_error(lambda: fake_quantize(x, bits), expected)
 
 
@@ -443,14 +443,14 @@ def test_bad_arguments_raise():
     one_line_value_error(
         lambda: fake_quantize(x, 4, PerGroup(5)), "group_size 5 does not divide the last dim"
     )
-    one_line_value_error(lambda: quantize(x, 4, "group:3"), "does not divide")
+    one_line_value_error(lambda: quantize_tensor(x, 4, "group:3"), "does not divide")
     one_line_value_error(lambda: fake_quantize(torch.tensor(1.0), 4, PerGroup(2)), "does not divide")
     one_line_value_error(lambda: PerGroup(0), "group_size must be a positive integer")
     one_line_value_error(lambda: PerAxis(("a",)), "PerAxis axes must be integers")
     one_line_value_error(lambda: fake_quantize(x, 4, PerAxis((2,))), "axis 2 out of range")
     one_line_value_error(lambda: fake_quantize(x, 4, PerAxis((1, -1))), "duplicate axes")
     one_line_value_error(lambda: fake_quantize(torch.arange(4), 4), "floating-point tensor, got torch.int64")
-    one_line_value_error(lambda: quantize(torch.ones(3, dtype=torch.int8), 4), "floating-point")
+    one_line_value_error(lambda: quantize_tensor(torch.ones(3, dtype=torch.int8), 4), "floating-point")
     one_line_value_error(lambda: fake_quantize(x, 4, mask=torch.ones(4, 16)), "mask must be a bool tensor")
     one_line_value_error(lambda: fake_quantize(x, 4, mask=torch.ones(3, 16, dtype=torch.bool)), "broadcast")
     one_line_value_error(

@@ -8,15 +8,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from diffquant import CheckpointError, build_model
-from diffquant.quant import (
-    ActQuant,
-    QuantConfig,
-    QuantLinear,
-    WeightQuant,
-    load_quantized,
-    quantize_model,
-    save_quantized,
-)
+from diffquant.checkpoint import load_quantized, save_quantized
+from diffquant.quant import ActQuant, QuantConfig, QuantLinear, WeightQuant, quantize_model
 from tests.conftest import tiny_config
 from tests.helpers import randomize_
 

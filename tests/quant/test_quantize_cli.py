@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from diffquant import build_model, save_checkpoint
+from diffquant.checkpoint import load_quantized
 from diffquant.cli import main
-from diffquant.quant import QuantLinear, QuantProbe, load_quantized
+from diffquant.quant import QuantLinear, QuantProbe
 from tests.conftest import tiny_config
 from tests.helpers import randomize_
 

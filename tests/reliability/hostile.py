@@ -47,7 +47,7 @@ def int8_weights(ckpt: Path) -> Path:
 
 
 def hf_folder(ckpt: Path, out: Path) -> Path:
-    from diffquant.hf import save_hf
+    from diffquant.checkpoint.hf import save_hf
 
     return save_hf(load_checkpoint(ckpt), out)
 

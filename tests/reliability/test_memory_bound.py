@@ -10,6 +10,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from . import hostile as h
 
 LIMIT = 2 << 30
@@ -33,6 +35,7 @@ def _cases(work: dict[str, Path], tmp: Path) -> dict[str, list[str]]:
             "hf-native": ["profile", str(hf)], "packed": ["info", str(tmp / "q")]}
 
 
+@pytest.mark.slow  # ≥ 9 s (pytest --durations)
 def test_huge_declared_models_are_refused_within_2_gib(work, tmp_path):
     cases = _cases(work, tmp_path)
     script = textwrap.dedent(f"""

@@ -36,30 +36,32 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from .checkpoint import (
+from ..config import ModelConfig
+from ..errors import first_line
+from ..io import write_safetensors
+from ..model import LAMBDA_STD, LM, build_model
+from ..tokenizer import SENTENCEPIECE_FILE, TOKENIZER_FILE
+from .files import (
     CONFIG_FILE,
     FLOAT_DTYPES,
     INDEX_FILE,
     WEIGHTS_FILE,
     CheckpointError,
-    _check_match,
-    _read_tensors,
-    atomic_dir,
+    atomic_folder,
     check_header,
+    check_shapes,
     read_header,
+    read_json,
+    read_tensors,
     refuse_pickle,
 )
-from .config import ModelConfig
-from .errors import first_line
-from .io import read_json_file, write_safetensors
-from .model import LAMBDA_STD, LM, build_model
 
 log = logging.getLogger(__name__)
 
 ARCHITECTURES = {"transformer": ("llama", "LlamaForCausalLM"), "diff": ("diffllama", "DiffLlamaForCausalLM")}
 MODEL_TYPES = {model_type: arch for arch, (model_type, _) in ARCHITECTURES.items()}
 SIDECAR_FILE = "diffquant.safetensors"  # exact originals of what the fold changes; transformers ignores it
-TOKENIZER_FILE, TOKENIZER_CONFIG_FILE = "tokenizer.json", "tokenizer_config.json"
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 SUBLN_EPS = 1e-5  # our Diff head norm's eps (model.py), which DiffLlama takes from rms_norm_eps
 
 
@@ -187,19 +189,15 @@ def to_hf_model(model: LM, dtype: torch.dtype | None = None):
 def save_hf(model: LM, path: str | Path, tokenizer=None, overwrite: bool = False,
             dtype: torch.dtype | None = None) -> Path:
     """Write ``model`` as an HF folder (atomically); ``tokenizer``: a diffquant ``Tokenizer`` to ship with it."""
-    path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise CheckpointError(f"{path} exists and is not a folder")
-    if path.is_dir() and any(path.iterdir()) and not overwrite:
-        raise CheckpointError(f"{path} is not empty; pass overwrite=True to replace it")
-    cfg = model.config
-    if tokenizer is not None and tokenizer.vocab_size > cfg.vocab_size:
-        raise CheckpointError(f"the tokenizer has {tokenizer.vocab_size} tokens; the model only {cfg.vocab_size}")
-    dtype = dtype or model.embed.weight.dtype
-    bos, eos = (tokenizer.bos_id, tokenizer.eos_id) if tokenizer is not None else (None, None)
-    config = hf_config(cfg, bos, eos, dtype)
-    tensors = to_hf_state_dict(model, dtype)
-    with atomic_dir(path) as tmp:
+    path, cfg = Path(path), model.config
+    with atomic_folder(path, overwrite) as tmp:  # the overwrite guard comes first
+        if tokenizer is not None and tokenizer.vocab_size > cfg.vocab_size:
+            raise CheckpointError(f"the tokenizer has {tokenizer.vocab_size} tokens; the model only "
+                                  f"{cfg.vocab_size}")
+        dtype = dtype or model.embed.weight.dtype
+        bos, eos = (tokenizer.bos_id, tokenizer.eos_id) if tokenizer is not None else (None, None)
+        config = hf_config(cfg, bos, eos, dtype)
+        tensors = to_hf_state_dict(model, dtype)
         config.save_pretrained(tmp)
         write_safetensors(tensors, tmp / WEIGHTS_FILE, metadata={"format": "pt"})
         _save_sidecar(model, tmp / SIDECAR_FILE, dtype)
@@ -233,7 +231,7 @@ def _save_tokenizer(tokenizer, folder: Path, max_len: int) -> None:
     else:
         backend = sentencepiece_to_tokenizers(tokenizer)
         backend.save(str(folder / TOKENIZER_FILE))
-        shutil.copyfile(source, folder / "tokenizer.model")  # the original, for SentencePiece users
+        shutil.copyfile(source, folder / SENTENCEPIECE_FILE)  # the original, for SentencePiece users
         specials = {"unk_token": backend.id_to_token(tokenizer.backend.unk_id())}
     backend = _tokenizers().Tokenizer.from_file(str(folder / TOKENIZER_FILE))
     for name, i in (("bos_token", tokenizer.bos_id), ("eos_token", tokenizer.eos_id)):
@@ -357,7 +355,7 @@ def from_hf_state_dict(tensors: dict[str, torch.Tensor], cfg: ModelConfig, sourc
     tensors = {k: v for k, v in tensors.items() if not k.endswith("rotary_emb.inv_freq")}  # old checkpoints
     if cfg.tie_embeddings:
         tensors.pop("lm_head.weight", None)  # tied: transformers ignores a stored copy too
-    _check_match(Path(source), _hf_shapes(cfg), {k: v.shape for k, v in tensors.items()})
+    check_shapes(Path(source), _hf_shapes(cfg), {k: v.shape for k, v in tensors.items()})
     inverse = {name: torch.argsort(order) for name, order in _row_maps(cfg).items()}
     out = {"embed.weight": tensors["model.embed_tokens.weight"], "norm.weight": tensors["model.norm.weight"]}
     if not cfg.tie_embeddings:
@@ -409,10 +407,15 @@ def _build(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> LM:
     return model.eval()
 
 
+def read_hf_config(path: str | Path) -> ModelConfig:
+    """Our config for the HF folder ``path`` (no tensor is read)."""
+    return config_from_hf(read_json(Path(path) / CONFIG_FILE), str(path))
+
+
 def load_hf(path: str | Path) -> LM:
     """Our model from a Llama / DiffLlama HF folder (safetensors only), bit-exact for folders we wrote."""
     path = Path(path)
-    hf = _read_json(path / CONFIG_FILE)
+    hf = read_json(path / CONFIG_FILE)
     cfg = config_from_hf(hf, str(path))
     _check_hf_header(path, cfg)
     tensors = _read_hf_tensors(path)
@@ -420,15 +423,6 @@ def load_hf(path: str | Path) -> LM:
     cfg, state = _apply_sidecar(path, cfg, state, tensors)
     log.info("loaded HF %s from %s", hf.get("model_type"), path)
     return _build(cfg, state)
-
-
-def _read_json(file: Path) -> dict:
-    if not file.is_file():
-        raise CheckpointError(f"{file.parent} has no {file.name}")
-    try:
-        return read_json_file(file)
-    except ValueError as exc:
-        raise CheckpointError(first_line(exc)) from None
 
 
 def weight_files(path: Path) -> list[Path]:
@@ -439,7 +433,7 @@ def weight_files(path: Path) -> list[Path]:
         return [path / WEIGHTS_FILE]
     if not (path / INDEX_FILE).is_file():
         raise CheckpointError(f"{path} has no {WEIGHTS_FILE}")
-    weight_map = _read_json(path / INDEX_FILE).get("weight_map")
+    weight_map = read_json(path / INDEX_FILE).get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
         raise CheckpointError(f"{path / INDEX_FILE} lists no weight files")
     return [_shard(path, name) for name in sorted(set(map(str, weight_map.values())))]
@@ -467,7 +461,7 @@ def _check_hf_header(path: Path, cfg: ModelConfig) -> None:
 def _read_hf_tensors(path: Path) -> dict[str, torch.Tensor]:
     tensors = {}
     for file in weight_files(path):
-        tensors.update(_read_tensors(file))
+        tensors.update(read_tensors(file))
     return tensors
 
 
@@ -512,5 +506,5 @@ def _fold_matches(cfg: ModelConfig, extra: dict, tensors: dict) -> bool:
 
 __all__ = [
     "config_from_hf", "from_hf_model", "from_hf_state_dict", "hf_config", "hf_config_dict", "is_hf_folder",
-    "load_hf", "save_hf", "sentencepiece_to_tokenizers", "to_hf_model", "to_hf_state_dict",
+    "load_hf", "read_hf_config", "save_hf", "sentencepiece_to_tokenizers", "to_hf_model", "to_hf_state_dict",
 ]

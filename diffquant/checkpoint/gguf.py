@@ -16,11 +16,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .checkpoint import CheckpointError, _check_match, expected_shapes
-from .config import ModelConfig
-from .data import calib_dir
-from .errors import first_line
-from .model import LM, build_model
+from ..config import ModelConfig
+from ..data import calib_dir
+from ..errors import first_line
+from ..model import LM, build_model
+from .files import CheckpointError, check_shapes
+from .native import expected_shapes
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ def load_gguf(path: str | Path) -> LM:
     """A float32 model in eval mode holding the weights of the Llama GGUF file ``path``."""
     path = Path(path)
     reader, shapes, cfg = _read_header(path)
-    _check_match(path, expected_shapes(cfg), {_our_name(path, name): s for name, s in shapes.items()})
+    check_shapes(path, expected_shapes(cfg), {_our_name(path, name): s for name, s in shapes.items()})
     state = {_our_name(path, name): t for name, t in _tensors(path, reader).items()}
     model = build_model(cfg)
     model.load_state_dict(state, strict=False)  # strict=False only for the tied head, checked above
@@ -112,7 +113,7 @@ def _tensors(path: Path, reader) -> dict[str, torch.Tensor]:
         shape = tuple(int(n) for n in reversed(t.shape))  # GGUF lists dims innermost first: reverse to (out, in)
         data = np.asarray(t.data)
         if kind in _BLOCK_TYPES:
-            from .ggml_blocks import dequantize
+            from ..ggml_blocks import dequantize
 
             data = dequantize(data, kind)
         if data.size != int(np.prod(shape)):

@@ -28,19 +28,31 @@ import torch
 from safetensors.torch import save
 from torch import nn
 
-from diffquant.io import write_safetensors
-from diffquant.quant.act import InputQuantLinear, QuantProbe
-from diffquant.quant.api import iter_quantized, tie_packed
-from diffquant.quant.config import ActQuant, QuantConfig
-from diffquant.quant.linear import QuantEmbedding, QuantLinear, _PackedWeight
+from ..io import write_safetensors
+from ..kinds import ATTENTION_KINDS
+from ..model import build_model
+from ..quant.act import InputQuantLinear, QuantProbe
+from ..quant.api import iter_quantized, tie_packed
+from ..quant.config import ActQuant, QuantConfig
+from ..quant.linear import QuantEmbedding, QuantLinear, _PackedWeight
+from .files import (
+    CONFIG_FILE,
+    WEIGHTS_FILE,
+    CheckpointError,
+    atomic_folder,
+    check_capacity,
+    name_mismatch,
+    read_json,
+    read_metadata,
+    read_tensors,
+)
+from .native import expected_shapes, read_config
 
 log = logging.getLogger(__name__)
 
 __all__ = ["QUANT_FILE", "fp16_file_bytes", "load_quantized", "read_quant_info", "restore_quantized_", "save_quantized"]
 
 QUANT_FILE = "quant.json"
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
 FORMAT, VERSION = "diffquant-packed", 1
 SCHEME_DIGEST = "diffquant_scheme_sha256"  # safetensors metadata: ties the codes to quant.json's description
 NOTES = {
@@ -49,12 +61,6 @@ NOTES = {
     "uint8": "codes of 5-8 bits (e.g. 6-bit) stored one per byte, unpacked",
     "weight": "W = (code - zero) * scale, scale/zero [out, n_groups]; groups are contiguous input columns",
 }
-
-
-def _checkpoint_error(message: str) -> Exception:
-    from diffquant.checkpoint import CheckpointError  # lazy: the checkpoint layer imports the model code
-
-    return CheckpointError(message)
 
 
 # ----------------------------------------------------------------------------- saving
@@ -68,16 +74,10 @@ def save_quantized(model: nn.Module, path: str | Path, overwrite: bool = False, 
     are never touched. ``extra_files``: name in the folder -> file to copy there (e.g. the tokenizer), inside
     the same atomic write.
     """
-    from diffquant.checkpoint import atomic_dir  # lazy, see _checkpoint_error
-
     path = Path(path)
     config_json = getattr(getattr(model, "config", None), "to_json", None)
     if config_json is None:
         raise ValueError("packed checkpoints are written for diffquant models (model.config.to_json())")
-    if path.exists() and not path.is_dir():
-        raise _checkpoint_error(f"{path} exists and is not a folder")
-    if path.is_dir() and any(path.iterdir()) and not overwrite:
-        raise _checkpoint_error(f"{path} is not empty; pass overwrite=True to replace it")
     tensors, shared = _dedupe(model.state_dict())
     modules = {name: module_scheme(m) for name, m in iter_quantized(model)}
     if dtype is not None:
@@ -92,7 +92,7 @@ def save_quantized(model: nn.Module, path: str | Path, overwrite: bool = False, 
         "shared": shared, "notes": NOTES,
     }
     metadata = {"format": "pt", "diffquant": FORMAT, **(metadata or {}), SCHEME_DIGEST: scheme_digest(info)}
-    with atomic_dir(path) as tmp:
+    with atomic_folder(path, overwrite) as tmp:
         write_safetensors(tensors, tmp / WEIGHTS_FILE, metadata=metadata)
         (tmp / CONFIG_FILE).write_text(config_json() + "\n")
         (tmp / QUANT_FILE).write_text(json.dumps(info, indent=2) + "\n")
@@ -110,13 +110,11 @@ def scheme_digest(info: dict) -> str:
 
 def _check_digest(path: Path, info: dict) -> None:
     """quant.json must still describe the codes it was written with (an edited bit width would misread them)."""
-    from diffquant.checkpoint import read_metadata
-
     stored = read_metadata(path).get(SCHEME_DIGEST)
     if stored is None:
         log.warning("%s: written before scheme digests; quant.json cannot be checked against the codes", path)
     elif stored != scheme_digest(info):
-        raise _checkpoint_error(f"{path / QUANT_FILE} was changed after the weights were written: its schemes no "
+        raise CheckpointError(f"{path / QUANT_FILE} was changed after the weights were written: its schemes no "
                                 "longer describe the stored codes")
 
 
@@ -129,7 +127,7 @@ def fp16_file_bytes(model: nn.Module) -> int:
 def module_scheme(module: nn.Module) -> dict:
     if isinstance(module, (QuantProbe, InputQuantLinear, _PackedWeight)):
         return module.scheme()
-    from diffquant.quant.bnb import bnb_scheme
+    from ..quant.bnb import bnb_scheme
 
     return bnb_scheme(module)
 
@@ -155,18 +153,13 @@ def _dedupe(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], di
 def read_quant_info(path: str | Path) -> dict:
     """The parsed and checked ``quant.json`` of a packed checkpoint folder."""
     qfile = Path(path) / QUANT_FILE
-    if not qfile.is_file():
-        raise _checkpoint_error(f"{path} has no {QUANT_FILE}")
-    try:
-        info = json.loads(qfile.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise _checkpoint_error(f"{qfile} is not valid JSON ({exc})") from None
-    if not isinstance(info, dict) or info.get("format") != FORMAT:
-        raise _checkpoint_error(f"{qfile} is not a {FORMAT} description")
+    info = read_json(qfile)
+    if info.get("format") != FORMAT:
+        raise CheckpointError(f"{qfile} is not a {FORMAT} description")
     if info.get("version") != VERSION:
-        raise _checkpoint_error(f"{qfile} has version {info.get('version')!r}; this diffquant reads {VERSION}")
+        raise CheckpointError(f"{qfile} has version {info.get('version')!r}; this diffquant reads {VERSION}")
     if not isinstance(info.get("modules"), dict) or not isinstance(info.get("shared", {}), dict):
-        raise _checkpoint_error(f"{qfile}: 'modules' and 'shared' must be objects")
+        raise CheckpointError(f"{qfile}: 'modules' and 'shared' must be objects")
     return info
 
 
@@ -174,30 +167,25 @@ def load_quantized(path: str | Path, device: str | torch.device = "cpu", dtype: 
                    attn_impl: str | None = None) -> nn.Module:
     """Rebuild the quantized diffquant model saved in the folder ``path`` (eval mode).
 
-    ``checkpoint.load_checkpoint`` calls this for folders holding a quant.json.
+    :func:`diffquant.checkpoint.load_checkpoint` calls this for folders holding a quant.json.
     """
-    from diffquant.checkpoint import read_config  # lazy: only the checkpoint layer builds models
-    from diffquant.model import build_model
-
     path = Path(path)
     info = read_quant_info(path)
     cfg = read_config(path)
-    from diffquant.checkpoint import _read_tensors, check_capacity, expected_shapes  # lazy, see _checkpoint_error
-
     check_capacity(path, sum(math.prod(s) for s in expected_shapes(cfg).values()), [path / WEIGHTS_FILE])
     model = build_model(cfg)
 
-    restore_quantized_(model, info, _read_tensors(path / WEIGHTS_FILE), where=str(path))
+    restore_quantized_(model, info, read_tensors(path / WEIGHTS_FILE), where=str(path))
     _check_digest(path, info)
     if attn_impl is not None and attn_impl != "eager" and _has_attention_quantizers(model):
-        raise _checkpoint_error(f"{path} quantizes attention tensors, which exist only with attn_impl='eager'")
+        raise CheckpointError(f"{path} quantizes attention tensors, which exist only with attn_impl='eager'")
     if attn_impl is not None:
         model.set_attn_impl(attn_impl)
     return model.to(device=device, dtype=dtype).eval()
 
 
 def _has_attention_quantizers(model: nn.Module) -> bool:
-    return any(isinstance(m, QuantProbe) and m.kind.startswith("attn_") for m in model.modules())
+    return any(isinstance(m, QuantProbe) and m.kind in ATTENTION_KINDS for m in model.modules())
 
 
 def restore_quantized_(model: nn.Module, info: dict, tensors: dict[str, torch.Tensor], where: str = "") -> nn.Module:
@@ -210,19 +198,19 @@ def restore_quantized_(model: nn.Module, info: dict, tensors: dict[str, torch.Te
         try:
             model.set_submodule(name, _empty_module(model, name, scheme, tensors))
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
-            raise _checkpoint_error(f"{where}: cannot rebuild module {name} ({exc})") from None
+            raise CheckpointError(f"{where}: cannot rebuild module {name} ({exc})") from None
     shared = info.get("shared", {})
     state = dict(tensors)
     for alias, source in shared.items():
         if source not in state:
-            raise _checkpoint_error(f"{where}: shared tensor {alias} points to missing {source}")
+            raise CheckpointError(f"{where}: shared tensor {alias} points to missing {source}")
         state[alias] = state[source]
     _check_keys(model, state, where)
     result = model.load_state_dict(state, strict=False)  # bnb 4-bit layers were built from their extra keys
     prebuilt = tuple(f"{n}.weight." for n, s in info["modules"].items() if s.get("type") in ("bnb-nf4", "bnb-fp4"))
     leftover = [k for k in result.unexpected_keys if not k.startswith(prebuilt)]
     if result.missing_keys or leftover:
-        raise _checkpoint_error(f"{where}: tensors not loaded ({', '.join((result.missing_keys + leftover)[:3])})")
+        raise CheckpointError(f"{where}: tensors not loaded ({', '.join((result.missing_keys + leftover)[:3])})")
     _retie(model, shared)
     if info.get("quant_config") is not None:
         model.quant_config = QuantConfig.from_dict(info["quant_config"])
@@ -249,7 +237,7 @@ def _empty_module(model: nn.Module, name: str, scheme: dict, tensors: dict[str, 
     if kind == "InputQuantLinear":
         return InputQuantLinear.from_linear(old, _act(scheme))
     if isinstance(kind, str) and kind.startswith("bnb-"):
-        from diffquant.quant.bnb import bnb_empty_module
+        from ..quant.bnb import bnb_empty_module
 
         return bnb_empty_module(old, scheme, tensors, name)
     raise ValueError(f"unknown module type {kind!r}")
@@ -259,13 +247,11 @@ def _check_keys(model: nn.Module, state: dict[str, torch.Tensor], where: str) ->
     expected = {k: (v.shape, v.dtype) for k, v in model.state_dict().items()}
     missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
     if missing or unexpected:
-        parts = ([f"missing {', '.join(missing[:3])}"] if missing else []) + (
-            [f"unexpected {', '.join(unexpected[:3])}"] if unexpected else [])
-        raise _checkpoint_error(f"{where}: quant.json does not match the weights ({'; '.join(parts)})")
+        raise CheckpointError(f"{where}: quant.json does not match the weights ({name_mismatch(missing, unexpected)})")
     for name, (shape, dtype) in expected.items():
         t = state[name]
         if t.shape != shape or (t.dtype != dtype and not (t.is_floating_point() and dtype.is_floating_point)):
-            raise _checkpoint_error(
+            raise CheckpointError(
                 f"{where}: quant.json does not match the weights ({name} is {tuple(t.shape)} {t.dtype}, "
                 f"quant.json implies {tuple(shape)} {dtype})")
 

@@ -1,0 +1,203 @@
+"""Sweep records, the one module that knows their format: schema, keys, validation, reading, appending, the
+checkpoint sha256 and label (pure: no torch, no model). The sweep writes with it, the report reads with it.
+
+A records file holds JSON objects, one per line (see docs/ARCHITECTURE.md, section 6.3). Names that changed are
+read in their old spelling too and normalised on input (:func:`canonical_record`): granularity ``"tensor"`` is
+``"sequence"``, target ``"probs"`` is ``"attn_probs"``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import platform
+from collections.abc import Sequence
+from pathlib import Path
+
+from .kinds import ATTN_PROBS, canonical_granularity
+
+log = logging.getLogger(__name__)
+
+SCHEMA = 1
+BASELINE_BITS = 16
+# What makes two records the same measurement (resuming skips a cell whose key is already in the file).
+KEY_FIELDS = ("checkpoint", "target", "bits", "granularity", "group_size", "calib_tokens", "task", "limit", "subset",
+              "seed", "attn_impl")
+# A quantized record's baseline: the same checkpoint, data and evaluation settings at 16 bits.
+BASELINE_FIELDS = ("checkpoint", "task", "limit", "subset", "seed", "attn_impl")
+METRICS = {"perplexity": ("perplexity",), "multiple_choice": ("acc", "acc_norm"), "lambada": ("acc", "perplexity")}
+TARGET_ALIASES = {"probs": ATTN_PROBS}  # old sweep target names, still read (command line, records)
+RUN_SUBFOLDERS = ("snapshots", "branches")  # a training run's run/<this>/stepN checkpoints
+
+
+def checkpoint_label(path: str | Path) -> str:
+    """The one name of a checkpoint in tables, plots and records: ``run/final`` -> ``run``;
+    ``run/snapshots/stepN`` -> ``run@stepN``; another ``stepN`` folder -> ``parent/stepN``; else the file's stem
+    (``stories260K.gguf`` -> ``stories260K``) or the folder's name."""
+    p = Path(path)
+    if p.name == "final":
+        return p.parent.name
+    if p.name.startswith("step") and p.parent.name in RUN_SUBFOLDERS:
+        return f"{p.parent.parent.name}@{p.name}"
+    if p.name.startswith("step"):
+        return f"{p.parent.name}/{p.name}"
+    return p.stem if p.is_file() else p.name
+
+
+def canonical_target(target: str | None) -> str | None:
+    """A sweep target's name, old spellings (``probs``) mapped to today's (``attn_probs``)."""
+    return TARGET_ALIASES.get(target, target)
+
+
+def canonical_record(rec: dict) -> dict:
+    """``rec`` with today's names for its target and granularity (records written before the renames)."""
+    if rec.get("target") is not None:
+        rec["target"] = canonical_target(rec["target"])
+    if isinstance(rec.get("granularity"), str):
+        rec["granularity"] = canonical_granularity(rec["granularity"])
+    return rec
+
+
+def record_key(rec: dict) -> tuple:
+    return tuple(_hashable(record_field(rec, f)) for f in KEY_FIELDS)
+
+
+def baseline_key(rec: dict) -> tuple:
+    return tuple(_hashable(record_field(rec, f)) for f in BASELINE_FIELDS)
+
+
+def record_field(rec: dict, name: str):
+    if name == "subset" and "subset" not in rec:  # records before `subset` existed: --limit was a seeded subset
+        return "random" if rec.get("limit") is not None else None
+    return rec.get(name)
+
+
+def _hashable(value):
+    return json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else value
+
+
+def read_records(path: str | os.PathLike, missing_ok: bool = False) -> list[dict]:
+    """The records of one JSONL file, in order. A last line cut short (no newline, not JSON) is skipped with a
+    warning: an interrupted writer leaves exactly that. Any other bad line is a one-line ValueError."""
+    path = Path(path)
+    if not path.is_file():
+        if missing_ok:
+            return []
+        raise FileNotFoundError(f"records file not found: {path}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not a JSONL records file (not UTF-8 text)") from None
+    lines = text.split("\n")
+    records = []
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            if lineno == len(lines):  # the unterminated last line
+                log.warning("%s:%d: skipping a truncated last line (interrupted sweep?)", path, lineno)
+                continue
+            raise ValueError(f"{path}:{lineno}: not a JSON record") from None
+        problem = record_problem(rec)
+        if problem:
+            raise ValueError(f"{path}:{lineno}: not a sweep record ({problem})")
+        records.append(canonical_record(rec))
+    return records
+
+
+
+
+def record_problem(rec) -> str | None:
+    """What makes ``rec`` unusable as a sweep record (None when it is fine): the fields the tables read."""
+    if not isinstance(rec, dict) or not {"checkpoint", "bits", "task", "kind", "metrics"} <= rec.keys():
+        return "needs checkpoint, bits, task, kind, metrics"
+    if rec["kind"] not in METRICS or not isinstance(rec["metrics"], dict):
+        return f"kind must be one of {', '.join(METRICS)} and metrics an object"
+    if not isinstance(rec["bits"], int) or isinstance(rec["bits"], bool) or not isinstance(rec["checkpoint"], str):
+        return "bits must be an integer and checkpoint a string"
+    m = rec["metrics"]
+    units = "window_losses" if rec["kind"] == "perplexity" else "items"
+    if not isinstance(m.get(units), list) or not all(k in m for k in METRICS[rec["kind"]]):
+        return f"metrics need {', '.join(METRICS[rec['kind']])} and {units}"
+    if any(v is not None and not isinstance(v, (int, float)) for v in (m[k] for k in METRICS[rec["kind"]])):
+        return "metric values must be numbers or null"
+    return None
+
+
+def is_finite(rec: dict) -> bool:
+    """No NaN/Inf went into the record's metrics (older records may hold NaN; newer ones null + ``nonfinite``)."""
+    values = [rec["metrics"][k] for k in METRICS[rec["kind"]]]
+    return not rec.get("nonfinite") and all(v is not None and math.isfinite(v) for v in values)
+
+
+def load_records(paths: Sequence[str | os.PathLike]) -> list[dict]:
+    """Records of all files, duplicates (same :func:`record_key`) resolved in favour of the last one."""
+    latest: dict[tuple, dict] = {}
+    for path in paths:
+        for rec in read_records(path):
+            key = record_key(rec)
+            if key in latest:
+                log.warning("%s: a second record for %s; keeping the later one", path, key)
+            latest[key] = rec
+    if not latest:
+        raise ValueError(f"no records in {', '.join(str(p) for p in paths)}")
+    return list(latest.values())
+
+
+# ---------------------------------------------------------------------------------------------------- writing
+
+def checkpoint_sha256(path: str | os.PathLike) -> str:
+    """sha256 of a checkpoint's files (a folder's regular files with their names, or one file)."""
+    path = Path(path)
+    files = sorted(f for f in path.iterdir() if f.is_file()) if path.is_dir() else [path]
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode() + b"\0")
+        with f.open("rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+def versions() -> dict:
+    from . import __version__  # lazy: the package root imports everything
+
+    return {"diffquant": __version__, "torch": _version("torch"), "numpy": _version("numpy"),
+            "python": platform.python_version()}
+
+
+def repair_tail(path: Path) -> None:
+    """Drop a cut-off last line (an interrupted write) so appended records start on a fresh line."""
+    if not path.is_file():
+        return
+    data = path.read_bytes()
+    if not data or data.endswith(b"\n"):
+        return
+    cut = data.rfind(b"\n") + 1
+    try:
+        json.loads(data[cut:])
+    except ValueError:
+        log.warning("%s: removing a truncated last line", path)
+        os.truncate(path, cut)
+        return
+    with path.open("ab") as fh:
+        fh.write(b"\n")
+
+
+def append_record(fh, record: dict) -> None:
+    """One record as one line, flushed and synced."""
+    # one call per line: a crash leaves whole lines or one cut-off tail; records are standard JSON (no NaN)
+    fh.write(json.dumps(record, allow_nan=False) + "\n")
+    fh.flush()
+    os.fsync(fh.fileno())
+
+
+def _version(package: str) -> str:
+    from importlib.metadata import version  # the installed version, without importing torch here
+
+    return version(package)
