@@ -24,7 +24,7 @@ import os
 import time
 from pathlib import Path
 
-from ..checkpoint import load_checkpoint, training_context
+from ..checkpoint import load_checkpoint, read_model_config, training_context
 from ..corpus import heldout_ids
 from ..data import calib_dir
 from ..errors import UserError
@@ -90,7 +90,7 @@ def _pair(paths) -> dict:
     """A regime pair: checkpoints by arch, training tokens from the run's log where known."""
     checkpoints = {}
     for path in paths:
-        arch = load_checkpoint(path).config.arch
+        arch = read_model_config(path).arch
         if arch in checkpoints:
             raise UserError(f"--pair: both models are {arch}; give a Transformer and a Diff model")
         checkpoints[arch] = str(path)
@@ -104,7 +104,7 @@ def _pair(paths) -> dict:
 
 def _seq_len(path) -> int:
     """The training context where known (stories260K: 512 of its declared 2048), else the model's."""
-    return training_context(path) or load_checkpoint(path).config.max_seq_len
+    return training_context(path) or read_model_config(path).max_seq_len
 
 
 # -- Table 5 --------------------------------------------------------------------------------------------------
@@ -154,7 +154,7 @@ def _degradation(args, out: Path, pair: dict, stories, tasks: dict[str, int]) ->
         run_sweep(checkpoints, path, target, bits=bits, tasks=[main_task], limit=tasks[main_task],
                   batch_size=args.batch_size, progress=False, **extra)
     if stories is not None:  # windows span its declared context (2048): the pair's token budget, fewer windows
-        windows = max(2, tasks[main_task] * _seq_len(checkpoints[0]) // load_checkpoint(stories).config.max_seq_len)
+        windows = max(2, tasks[main_task] * _seq_len(checkpoints[0]) // read_model_config(stories).max_seq_len)
         run_sweep([stories], path, ATTN_LOGITS, bits=(16, 8, 6, 4), tasks=[main_task], limit=windows,
                   batch_size=args.batch_size, progress=False)
     records = read_records(path)
