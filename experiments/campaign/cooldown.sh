@@ -7,7 +7,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 DQ=${DQ:-.venv/bin/diffquant}
-RUN=${RUN:-experiments/campaign/long/xs-lr3e-3-s0}
+SEED=${SEED:-0}
+RUN=${RUN:-experiments/campaign/long/xs-lr3e-3-s$SEED}
 cool() {  # one arm's cooldown from branch $2 (step $3)
   local arch=$1 name=$2 step=$3
   local src=$RUN/$arch/branches/$name out=$RUN/cooldown/$arch-$name
@@ -16,7 +17,7 @@ cool() {  # one arm's cooldown from branch $2 (step $3)
   mkdir -p "$RUN/cooldown"
   nice -n "${NICE:-5}" "$DQ" train --arch "$arch" --preset xs --data experiments/corpus/stories260k-s0 \
     --tokens $(( (step + step / 4) * 16 * 512 )) --out "$out" --batch-size 16 --seq-len 512 --recipe stories260k \
-    --lr 3e-3 --seed 0 --schedule wsd --decay-start "$step" --warmup-steps 50 --eval-every 512 \
+    --lr 3e-3 --seed "$SEED" --schedule wsd --decay-start "$step" --warmup-steps 50 --eval-every 512 \
     --eval-tokens 65536 --track-every 128 --save-every 128 --threads 1 "${resume[@]}" >> "$out.log" 2>&1
   rm -rf "$out/state"
 }

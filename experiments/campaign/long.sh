@@ -2,18 +2,19 @@
 # The long xs seed-0 pair of the outlier-regime campaign (issue 13): both arms at once (one core each, identical
 # data order), lr 3e-3 held constant after warm-up to 30,720 steps (251.7M tokens), a resumable branch every 4,096
 # steps (33.6M tokens) for cooldowns (experiments/campaign/cooldown.sh). Resumable: rerun to continue from state/.
-#   nohup bash experiments/campaign/long.sh > /dev/null 2>&1 &
+#   nohup bash experiments/campaign/long.sh > /dev/null 2>&1 &           (seed 0; SEED=1 ... for another seed)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 DQ=${DQ:-.venv/bin/diffquant}
-RUN=${RUN:-experiments/campaign/long/xs-lr3e-3-s0}
+SEED=${SEED:-0}
+RUN=${RUN:-experiments/campaign/long/xs-lr3e-3-s$SEED}
 mkdir -p "$RUN"
 for arch in transformer diff; do
   out=$RUN/$arch
   [ -f "$out/final/model.safetensors" ] && continue
   resume=(); [ -f "$out/state/trainer.json" ] && resume=(--resume)
   nice -n "${NICE:-15}" "$DQ" train --arch "$arch" --preset xs --data experiments/corpus/stories260k-s0 \
-    --tokens 251658240 --out "$out" --batch-size 16 --seq-len 512 --recipe stories260k --lr 3e-3 --seed 0 \
+    --tokens 251658240 --out "$out" --batch-size 16 --seq-len 512 --recipe stories260k --lr 3e-3 --seed "$SEED" \
     --schedule constant --warmup-steps 50 --eval-every 512 --eval-tokens 65536 --track-every 128 \
     --save-every 128 --branch-every 4096 --threads 1 "${resume[@]}" >> "$out.log" 2>&1 &
 done
