@@ -130,3 +130,25 @@ def test_trend_lines_join_only_budgets_of_one_run(monkeypatch, tmp_path):
     regime.plot_trend(table, pairs, tmp_path / "trend.png")
     assert sorted(drawn) == ["lr1e-2 diff", "lr1e-2 transformer", "lr3e-3 diff", "lr3e-3 transformer"]
     assert [r["train_tokens"] for r in drawn["lr3e-3 diff"]] == [40, 80]  # the uncooled budget stays out
+
+
+def test_verdicts_finds_each_long_seeds_cooled_pairs_with_its_seed(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from .helpers import load_script
+
+    verdicts = load_script(Path(__file__).resolve().parents[1] / "experiments" / "campaign" / "verdicts.py")
+    monkeypatch.setattr(verdicts, "REPO", tmp_path)
+    monkeypatch.setattr(verdicts, "LONG_ROOT", tmp_path / "long")
+    for run, arms in (("xs-lr3e-3-s10", ("transformer", "diff")), ("xs-lr3e-3-s1", ("transformer", "diff")),
+                      ("xs-lr3e-3-s2", ("transformer",))):  # seed 2's Diff arm still cooling: no pair
+        for arch in arms:
+            final = tmp_path / "long" / run / "cooldown" / f"{arch}-step004096" / "final"
+            final.mkdir(parents=True)
+            (final / "model.safetensors").write_bytes(b"x")
+            (final.parent / "train_log.json").write_text('{"tokens_seen": 41943040}')
+    pairs = verdicts.long_pairs()
+    assert [(p["pair"], p["seed"], p["run"]) for p in pairs] == [
+        ("xs-lr3e-3-s1-41.9M", 1, "xs-lr3e-3-s1"), ("xs-lr3e-3-s10-41.9M", 10, "xs-lr3e-3-s10")]
+    assert pairs[0]["budget"] == pairs[1]["budget"]  # seeds of one budget are pooled over seeds
+    assert pairs[0]["checkpoints"]["diff"] == "long/xs-lr3e-3-s1/cooldown/diff-step004096/final"

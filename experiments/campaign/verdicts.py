@@ -7,7 +7,8 @@ Pairs (identical data order within a pair; every arm is set against the Transfor
 * ``xs-lr1e-2-sN``: part 1's short protocol at lr 1e-2 (6.03M tokens, wsd, last 20% decayed), where the
   Transformer already passes the gate; seeds 0-1 from experiments/lr_sweep/runs, seeds 2+ and the gated /
   clipped arms (seed 0) from experiments/campaign/short;
-* ``xs-lr3e-3-s0-<tokens>``: the long run's cooled branches (experiments/campaign/long, cooldown.sh);
+* ``xs-lr3e-3-sN-<tokens>``: the long runs' cooled branches (experiments/campaign/long, cooldown.sh; seed 0 is the
+  long run, other seeds stop at earlier branches);
 * ``xs-real-lr1e-2-s0``: the real-text control, the short protocol on real text (experiments/campaign/realtext.sh).
 
 Every pair is profiled on the real cased TinyStories held-out text (its first 64 windows of 512 tokens as in
@@ -33,7 +34,7 @@ REPO = Path(__file__).resolve().parents[2]
 CORPUS = REPO / "experiments/corpus/stories260k-s0"
 SHORT_ROOTS = (REPO / "experiments/lr_sweep/runs", REPO / "experiments/campaign/short")
 REAL_ROOT = REPO / "experiments/campaign/realtext"
-LONG_RUN = REPO / "experiments/campaign/long/xs-lr3e-3-s0"
+LONG_ROOT = REPO / "experiments/campaign/long"
 SHORT_TOKENS = 736 * 16 * 512
 SEQ_LEN, BATCH = 512, 16
 
@@ -60,18 +61,24 @@ def real_pairs() -> list[dict]:
     return short_pairs(roots=(REAL_ROOT,), name="xs-real", corpus=", real text")
 
 
+def long_runs() -> list[Path]:
+    return sorted(LONG_ROOT.glob("xs-lr3e-3-s*"), key=lambda run: int(run.name.rsplit("-s", 1)[1]))
+
+
 def long_pairs() -> list[dict]:
-    """Cooled branches both arms finished: cooldown/ARCH-stepN/final."""
+    """Cooled branches both arms of a long run finished: RUN/cooldown/ARCH-stepN/final."""
     pairs = []
-    for final in sorted((LONG_RUN / "cooldown").glob("transformer-step*/final")):
-        name = final.parent.name.split("-", 1)[1]
-        ckpts = {a: LONG_RUN / "cooldown" / f"{a}-{name}" / "final" for a in ARCHS}
-        ckpts = {a: rel(p) for a, p in ckpts.items() if (p / "model.safetensors").is_file()}
-        if len(ckpts) > 1:
-            tokens = json.loads((final.parent / "train_log.json").read_text())["tokens_seen"]
-            label = f"{tokens_label(tokens)} @ lr 3e-3"
-            pairs.append({"pair": f"xs-lr3e-3-s0-{tokens_label(tokens)}", "run": "xs-lr3e-3-s0", "preset": "xs",
-                          "seed": 0, "budget": label, "tokens": tokens, "cooled": True, "checkpoints": ckpts})
+    for run in long_runs():
+        seed = int(run.name.rsplit("-s", 1)[1])
+        for final in sorted((run / "cooldown").glob("transformer-step*/final")):
+            name = final.parent.name.split("-", 1)[1]
+            ckpts = {a: run / "cooldown" / f"{a}-{name}" / "final" for a in ARCHS}
+            ckpts = {a: rel(p) for a, p in ckpts.items() if (p / "model.safetensors").is_file()}
+            if len(ckpts) > 1:
+                tokens = json.loads((final.parent / "train_log.json").read_text())["tokens_seen"]
+                pairs.append({"pair": f"{run.name}-{tokens_label(tokens)}", "run": run.name, "preset": "xs",
+                              "seed": seed, "budget": f"{tokens_label(tokens)} @ lr 3e-3", "tokens": tokens,
+                              "cooled": True, "checkpoints": ckpts})
     return pairs
 
 
@@ -100,8 +107,10 @@ def main() -> None:
         records = sweep_pair(pair, sweep_path(out, pair), tasks, batch_size=BATCH)
         results.append(verdict(pair, known, records))
     write_outputs(out, results, table5)
-    if logs := long_logs():
-        plot_tracked(logs, out / "long-emergence.png")
+    for run in long_runs():  # seed 0 keeps its old file name
+        suffix = "" if run.name.endswith("-s0") else f"-{run.name.rsplit('-', 1)[1]}"
+        if logs := long_logs(run):
+            plot_tracked(logs, out / f"long-emergence{suffix}.png")
     for pair in pairs:  # the emergence curves of pairs with the gated / clipped arms
         if len(pair["checkpoints"]) > 2:
             logs = {arch: json.loads((REPO / path).parent.joinpath("train_log.json").read_text())
@@ -109,10 +118,10 @@ def main() -> None:
             plot_tracked(logs, out / f"emergence-{pair['pair']}.png")
 
 
-def long_logs() -> dict[str, dict]:
-    """The long run's train logs (stable arms, then each cooldown) for the emergence figure."""
-    logs = {arch: json.loads(f.read_text()) for arch in ARCHS if (f := LONG_RUN / arch / "train_log.json").is_file()}
-    for f in sorted((LONG_RUN / "cooldown").glob("*/train_log.json")):
+def long_logs(run: Path) -> dict[str, dict]:
+    """A long run's train logs (stable arms, then each cooldown) for the emergence figure."""
+    logs = {arch: json.loads(f.read_text()) for arch in ARCHS if (f := run / arch / "train_log.json").is_file()}
+    for f in sorted((run / "cooldown").glob("*/train_log.json")):
         arch, step = f.parent.name.split("-", 1)
         logs[f"{arch} cooled from {step}"] = json.loads(f.read_text())
     return logs
