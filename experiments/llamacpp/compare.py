@@ -5,8 +5,11 @@
 
 Files (written to --work, default a temporary folder), all Llama GGUF files from ``diffquant.gguf_export``:
 
-* ``f32``: the float model; ``q8_0-llamacpp`` / ``q4_0-llamacpp``: rounded by llama.cpp's own block quantizer
-  (gguf.quants, the port of quantize_row_q*_ref);
+* ``f32``: the float model; ``q8_0-llamacpp`` / ``q4_0-llamacpp``: our export rounded by llama.cpp's block
+  rounding (gguf.quants, the port of quantize_row_q*_ref), on our quantized set;
+* ``q8_0-llama-quantize`` / ``q4_0-llama-quantize``: llama.cpp's own quantizer (``llama_model_quantize``, what
+  the llama-quantize tool runs) on the f32 file, with its default tensor-type mixture — what a llama.cpp user
+  gets. Every block tensor it writes is compared byte for byte with gguf.quants' rounding of the same weights;
 * ``q8_0-rtn`` (RTN int8, group 32), ``q4_0-rtn`` (RTN int4 absmax ±7, group 32), ``q4_0-gptq`` (GPTQ int4,
   full grid, group 32): our codes and float16 scales written exactly (the packed checkpoint ``diffquant
   quantize`` would write, read back).
@@ -37,6 +40,7 @@ import torch.nn.functional as F
 from diffquant.checkpoint import load_checkpoint, save_quantized
 from diffquant.checkpoint.gguf import stories260k_path, stories260k_tokenizer_path
 from diffquant.data import encode_documents, load_documents
+from diffquant.ggml_blocks import BLOCK_TYPES, llamacpp_quantize
 from diffquant.gguf_export import save_gguf
 from diffquant.io import dump_json
 from diffquant.quant import QuantConfig, WeightQuant
@@ -90,20 +94,55 @@ def our_quantized(model, wq: WeightQuant, calib, folder: Path):
     return load_checkpoint(folder)
 
 
-def build_files(work: Path, model, tokenizer: Tokenizer) -> tuple[dict[str, Path], dict[str, dict]]:
-    """Every GGUF file of the comparison, and our perplexity source for each (a model)."""
+def llama_quantize(src: Path, dst: Path, kind: str, python: Path = VENV_PYTHON) -> Path:
+    subprocess.run([str(python), str(HERE / "llamacpp_quantize.py"), str(src), str(dst), kind], check=True,
+                   capture_output=True)
+    return dst
+
+
+def tensor_types(path: Path) -> dict[str, str]:
+    from gguf import GGUFReader
+
+    return {t.name: t.tensor_type.name for t in GGUFReader(path).tensors}
+
+
+def block_agreement(f32_file: Path, quantized_file: Path) -> dict:
+    """llama.cpp's quantizer against gguf.quants' rounding: its block tensors, byte for byte."""
+    from gguf import GGUFReader
+
+    floats = {t.name: np.asarray(t.data) for t in GGUFReader(f32_file).tensors}
+    equal, compared = [], []
+    for t in GGUFReader(quantized_file).tensors:
+        if t.tensor_type.name in BLOCK_TYPES:
+            compared.append(t.name)
+            ours = llamacpp_quantize(floats[t.name], t.tensor_type.name)
+            if np.array_equal(ours.reshape(-1), np.asarray(t.data).reshape(-1)):
+                equal.append(t.name)
+    return {"tensors_compared": len(compared), "tensors_equal": len(equal),
+            "different": sorted(set(compared) - set(equal))}
+
+
+def build_files(work: Path, model, tokenizer: Tokenizer,
+                python: Path = VENV_PYTHON) -> tuple[dict[str, Path], dict[str, dict], dict[str, dict]]:
+    """Every GGUF file of the comparison, our perplexity source for each (a model), and the byte comparison of
+    llama.cpp's quantizer with gguf.quants' rounding."""
     source = stories260k_path()
-    files, models = {}, {}
+    files, models, agreement = {}, {}, {}
     for name, kind in (("f32", "f32"), ("q8_0-llamacpp", "q8_0"), ("q4_0-llamacpp", "q4_0")):
         files[name] = work / f"{name}.gguf"
         save_gguf(model, files[name], kind, vocab_from=source, overwrite=True)
         models[name] = load_checkpoint(files[name])  # its weights as llama.cpp reads them (dequantized)
+    for kind in ("q8_0", "q4_0"):
+        name = f"{kind}-llama-quantize"
+        files[name] = llama_quantize(files["f32"], work / f"{name}.gguf", kind, python)
+        models[name] = load_checkpoint(files[name])
+        agreement[name] = block_agreement(files["f32"], files[name])
     calib = calibration(tokenizer)
     for name, (kind, wq) in OURS.items():
         models[name] = our_quantized(model, wq, calib, work / f"{name}-packed")
         files[name] = work / f"{name}.gguf"
         save_gguf(models[name], files[name], kind, vocab_from=source, overwrite=True)
-    return files, models
+    return files, models, agreement
 
 
 def llamacpp_perplexities(files: dict[str, Path], windows: torch.Tensor, work: Path,
@@ -125,18 +164,32 @@ def run(n_windows: int = 16, window: int = 256, work: Path | None = None, python
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(work or tmp)
         work.mkdir(parents=True, exist_ok=True)
-        files, models = build_files(work, model, tokenizer)
+        files, models, agreement = build_files(work, model, tokenizer, python)
         start = time.perf_counter()
         theirs = llamacpp_perplexities(files, windows, work, python)
         llama_seconds = time.perf_counter() - start
         rows = {name: {"file": files[name].name, "bytes": files[name].stat().st_size,
+                       "tensor_types": type_counts(tensor_types(files[name])),
                        "ours": our_perplexity(models[name], windows), "llama_cpp": theirs["models"][name]}
                 for name in files}
     build = HERE / ".venv" / "build.json"
     return {"model": "stories260K", "windows": n_windows, "window": window, "tokens": n_windows * window,
             "data": "tinystories-cased (calib), contiguous windows from the start",
             "llama_cpp_python": theirs["version"], "llama_cpp_seconds": round(llama_seconds, 1),
-            "build": json.loads(build.read_text()) if build.is_file() else None, "rows": rows}
+            "build": json.loads(build.read_text()) if build.is_file() else None, "rows": rows,
+            "llama_quantize_vs_gguf_quants": agreement}
+
+
+def type_counts(types: dict[str, str]) -> dict[str, int]:
+    return {kind: sum(1 for t in types.values() if t == kind) for kind in sorted(set(types.values()))}
+
+
+def codes(name: str) -> str:
+    if name == "f32":
+        return "float"
+    if name.endswith("llama-quantize"):
+        return "llama-quantize, its mixture"
+    return "llama.cpp rounding, our set" if "llamacpp" in name else "ours, exact"
 
 
 def markdown(result: dict) -> str:
@@ -145,13 +198,18 @@ def markdown(result: dict) -> str:
              f"llama-cpp-python {result['llama_cpp_python']}"
              + (f", built from source in {result['build']['build_seconds']} s" if result["build"] else "") + ".",
              "Quantized: the block Linears with rows of a multiple of 32 (ffn_down, 172 columns, stays float).", "",
-             "| file | codes | bytes | ppl (diffquant) | ppl (llama.cpp) | rel. diff |",
-             "|---|---|---:|---:|---:|---:|"]
+             "| file | codes | tensor types | bytes | ppl (diffquant) | ppl (llama.cpp) | rel. diff |",
+             "|---|---|---|---:|---:|---:|---:|"]
     for name, row in result["rows"].items():
         ours, theirs = row["ours"]["perplexity"], row["llama_cpp"]["perplexity"]
-        codes = "float" if name == "f32" else ("llama.cpp rounding" if "llamacpp" in name else "ours, exact")
-        lines.append(f"| {row['file']} | {codes} | {row['bytes']:,} | {ours:.4f} | {theirs:.4f} | "
+        types = ", ".join(f"{k} {n}" for k, n in row["tensor_types"].items())
+        lines.append(f"| {row['file']} | {codes(name)} | {types} | {row['bytes']:,} | {ours:.4f} | {theirs:.4f} | "
                      f"{(theirs - ours) / ours:+.2e} |")
+    lines.append("")
+    for name, a in result["llama_quantize_vs_gguf_quants"].items():
+        lines.append(f"{name}: {a['tensors_equal']} of {a['tensors_compared']} block tensors byte-equal to "
+                     "gguf.quants' rounding of the same float weights"
+                     + (f" (different: {', '.join(a['different'])})" if a["different"] else "") + ".")
     return "\n".join(lines) + "\n"
 
 

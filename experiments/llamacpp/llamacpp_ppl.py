@@ -12,7 +12,22 @@ import sys
 import time
 
 import llama_cpp
+import llama_cpp.llama_cpp as llama_cpp_c
 import numpy as np
+
+
+def _plain_cpu_kernels() -> None:
+    """Load weights without llama.cpp's extra buffer types (repacked / AMX weights): ggml built with
+    GGML_NATIVE on a CPU that reports AMX uses AMX tiles for Q4_0/Q8_0, and a VM that does not grant the tile
+    state kills the process with SIGILL (seen here). The plain CPU kernels are llama.cpp's reference numerics."""
+    default = llama_cpp_c.llama_model_default_params
+
+    def params():
+        p = default()
+        p.use_extra_bufts = False
+        return p
+
+    llama_cpp_c.llama_model_default_params = params
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:
@@ -37,6 +52,7 @@ def perplexity(path: str, windows: list[list[int]]) -> dict:
 
 
 def main(argv: list[str]) -> None:
+    _plain_cpu_kernels()
     windows_file, out_file, *models = argv
     with open(windows_file) as fh:
         windows = json.load(fh)["windows"]
