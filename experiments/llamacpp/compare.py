@@ -37,6 +37,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from diffquant.calibration import calibration_batch
 from diffquant.checkpoint import load_checkpoint, save_quantized
 from diffquant.checkpoint.gguf import stories260k_path, stories260k_tokenizer_path
 from diffquant.data import encode_documents, load_documents
@@ -46,7 +47,6 @@ from diffquant.io import dump_json
 from diffquant.quant import QuantConfig, WeightQuant
 from diffquant.quant.api import default_filter, quantize
 from diffquant.tokenizer import Tokenizer
-from diffquant.train import split_tokens
 
 HERE = Path(__file__).resolve().parent
 VENV_PYTHON = HERE / ".venv" / "bin" / "python"
@@ -80,10 +80,8 @@ def our_perplexity(model, windows: torch.Tensor) -> dict:
 
 
 def calibration(tokenizer: Tokenizer, seed: int = 0) -> torch.Tensor:
-    """GPTQ calibration windows from the calib train split (as ``diffquant quantize`` draws them)."""
-    ids, _ = split_tokens("train", tokenizer=tokenizer)
-    starts = np.random.default_rng(seed).integers(0, len(ids) - CALIB_LEN, CALIB_WINDOWS)
-    return torch.from_numpy(np.stack([ids[s:s + CALIB_LEN] for s in starts]).astype(np.int64))
+    """GPTQ calibration windows from the calib train split, by ``diffquant quantize``'s rule."""
+    return calibration_batch(tokenizer, CALIB_LEN, CALIB_WINDOWS * CALIB_LEN, seed)
 
 
 def our_quantized(model, wq: WeightQuant, calib, folder: Path):
