@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The long xs pair of the outlier-regime campaign (issue 13), one seed (SEED, default 0): both arms at once (one
-# core each, identical data order), lr 3e-3 held constant after warm-up to 30,720 steps (251.7M tokens), a resumable branch every 4,096
-# steps (33.6M tokens) for cooldowns (experiments/campaign/cooldown.sh). Resumable: rerun to continue from state/.
+# core each, identical data order), lr 3e-3 held constant after warm-up to 30,720 steps (251.7M tokens), a
+# resumable branch every 4,096 steps (33.6M tokens) for cooldowns (experiments/campaign/cooldown.sh).
+# Resumable: rerun to continue from state/.
 #   [SEED=1] nohup bash experiments/campaign/long.sh > /dev/null 2>&1 &
 set -euo pipefail
 cd "$(dirname "$0")/../.."
