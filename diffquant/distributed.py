@@ -126,6 +126,9 @@ def session():
                     yield
                 finally:
                     sys.stdout = saved
+        # on success, no rank tears gloo down while a peer is still inside a collective (a rare SIGABRT in its
+        # C++ teardown); after a failure the peers may not reach a barrier, so leave at once
+        _dist().barrier()
     finally:
         finish()
 
