@@ -22,6 +22,7 @@ import numpy as np
 from scipy.stats import binomtest
 from scipy.stats import t as student_t
 
+from .chance import PREDICTION, above_chance
 from .checkpoint import load_checkpoint
 from .io import atomic_write_text
 from .kinds import ATTN_LOGITS, HIDDEN, SEQUENCE
@@ -40,6 +41,10 @@ BITS = (16, 8, 6, 4)
 GRANULARITIES = (SEQUENCE, "head", "head_map")  # per sequence; per head (Diff maps share); per head and map
 LOCATED = 100  # top values whose positions are summarised
 ARCH_SHORT = {"transformer": "T", "diff": "D", "gated": "G", "clipped": "C"}
+# zero-shot tasks (items: the first N; COPA has 100) checked for above-chance accuracy before their Figure 8
+ZEROSHOT_TASKS = {"copa": None, "piqa": 500, "winogrande": 500, "arc_easy": 500, "openbookqa": 500, "boolq": 500,
+                  "hellaswag": 200}
+ZEROSHOT_ALPHA = 0.05  # family-wise, Bonferroni over every (task, arm, metric) of a pair
 
 
 def tokens_label(tokens: int | None) -> str:
@@ -83,7 +88,33 @@ def sweep_pair(pair: dict, path: Path, tasks: dict[str, int | None], batch_size:
     return read_records(path)
 
 
+def zeroshot_pair(pair: dict, path: Path, tasks: dict[str, int | None] = ZEROSHOT_TASKS, batch_size: int = 32,
+                  device: str = "cpu") -> list[dict]:
+    """Unquantized zero-shot records of every arm (resumable JSONL at ``path``), for :func:`zeroshot_verdict`."""
+    for task, limit in tasks.items():
+        run_sweep(list(pair["checkpoints"].values()), path, ATTN_LOGITS, bits=(16,), tasks=[task], limit=limit,
+                  batch_size=batch_size, device=device, progress=False)
+    return read_records(path)
+
+
 # ------------------------------------------------------------------------------------------------ verdicts
+
+def zeroshot_verdict(pair: dict, records: list[dict], alpha: float = ZEROSHOT_ALPHA,
+                     n_permutations: int = 20_000) -> dict:
+    """Which zero-shot tasks every arm of ``pair`` answers above chance (:func:`~diffquant.chance.above_chance`
+    on the unquantized records, acc and acc_norm), at family-wise level ``alpha`` (Bonferroni). A task counts
+    when, for one metric, every arm passes: only there is a Figure-8 accuracy comparison more than noise."""
+    tests = [{"task": r["task"], "arch": r["arch"], **above_chance(r["metrics"]["items"], metric, n_permutations)}
+             for r in records if r["bits"] == 16 and r["kind"] == "multiple_choice" for metric in PREDICTION]
+    threshold = alpha / max(1, len(tests))
+    arms = set(pair["checkpoints"])
+    passing = sorted(task for task in {t["task"] for t in tests}
+                     if any({t["arch"] for t in tests if (t["task"], t["metric"]) == (task, metric)
+                             and t["p"] <= threshold} == arms for metric in PREDICTION))
+    return {"pair": pair["pair"], "tokens": pair["tokens"], "alpha": alpha, "threshold": threshold,
+            "n_permutations": n_permutations, "tests": tests, "above_chance": passing}
+
+
 
 def perplexity(records: list[dict], arch: str, bits: int, granularity: str | None, task: str) -> float | None:
     for rec in records:
@@ -243,6 +274,21 @@ def seeds_table(summary: list[dict]) -> str:
     return render(header, rows)
 
 
+def zeroshot_table(verdicts: list[dict]) -> str:
+    """One row per pair, task and arm: accuracy, the two chance levels and the permutation p of acc and acc_norm."""
+    rows = []
+    for v in verdicts:
+        by_key = {(t["task"], t["arch"], t["metric"]): t for t in v["tests"]}
+        for task, arch in dict.fromkeys((t["task"], t["arch"]) for t in v["tests"]):
+            acc, norm = by_key[(task, arch, "acc")], by_key[(task, arch, "acc_norm")]
+            rows.append([v["pair"], task, arch, acc["n"], fmt(acc["accuracy"], 3), fmt(acc["uniform_chance"], 3),
+                         fmt(acc["shuffled_chance"], 3), f"{acc['p']:.2g}", fmt(norm["accuracy"], 3),
+                         f"{norm['p']:.2g}", "yes" if task in v["above_chance"] else "no"])
+    header = ["pair", "task", "arm", "items", "acc", "chance 1/k", "chance shuffled", "p (acc)", "acc_norm",
+              "p (acc_norm)", "every arm above chance"]
+    return render(header, rows)
+
+
 def table5_text(table5: dict[str, dict]) -> str:
     parts = []
     for name, recs in table5.items():
@@ -294,3 +340,16 @@ def write_outputs(out: Path, results: list[dict], table5: dict[str, dict], note:
     atomic_write_text(out / "table5.md", note + table5_text(table5) + "\n")
     atomic_write_text(out / "figure8.md", note + figure8_text(results, lambda r: sweep_path(out, r)) + "\n")
     plot_trend(table5, results, out / "trend.png")
+
+
+def write_zeroshot(out: Path, verdicts: list[dict], records_of, note: str = "") -> None:
+    """zeroshot.json and zeroshot.md: the chance tests, then Figure 8 on the tasks above chance (``records_of(v)``
+    gives a verdict's records)."""
+    out = Path(out)
+    atomic_write_text(out / "zeroshot.json", json.dumps(verdicts, indent=1))
+    parts = [note + zeroshot_table(verdicts), ""]
+    for v in verdicts:
+        if v["above_chance"]:
+            records = [r for r in records_of(v) if r["task"] in v["above_chance"]]
+            parts += [f"### {v['pair']}", "", render_report(records, fmt="markdown"), ""]
+    atomic_write_text(out / "zeroshot.md", "\n".join(parts) + "\n")

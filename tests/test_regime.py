@@ -152,3 +152,28 @@ def test_verdicts_finds_each_long_seeds_cooled_pairs_with_its_seed(tmp_path, mon
         ("xs-lr3e-3-s1-41.9M", 1, "xs-lr3e-3-s1"), ("xs-lr3e-3-s10-41.9M", 10, "xs-lr3e-3-s10")]
     assert pairs[0]["budget"] == pairs[1]["budget"]  # seeds of one budget are pooled over seeds
     assert pairs[0]["checkpoints"]["diff"] == "long/xs-lr3e-3-s1/cooldown/diff-step004096/final"
+
+
+def mc_record(arch: str, task: str, share: float, seed: int, n: int = 200, bits: int = 16) -> dict:
+    """A multiple-choice record whose predictions copy the gold answer with probability ``share``."""
+    rng = random.Random(seed)
+    items = []
+    for _ in range(n):
+        gold = rng.randrange(2)
+        pred = gold if rng.random() < share else rng.randrange(2)
+        items.append({"gold": gold, "predicted": pred, "predicted_norm": rng.randrange(2), "ll": [0.0, 0.0]})
+    return {"arch": arch, "task": task, "bits": bits, "kind": "multiple_choice", "metrics": {"items": items}}
+
+
+def test_zeroshot_counts_a_task_only_when_every_arm_is_above_chance_after_bonferroni():
+    pair = {"pair": "p", "tokens": 10, "checkpoints": {"transformer": "t", "diff": "d"}}
+    records = [mc_record("transformer", "copa", 0.6, 1), mc_record("diff", "copa", 0.6, 2),
+               mc_record("transformer", "piqa", 0.6, 3), mc_record("diff", "piqa", 0.0, 4),
+               mc_record("transformer", "copa", 0.0, 5, bits=4)]  # quantized records are not tested
+    v = regime.zeroshot_verdict(pair, records, n_permutations=2_000)
+    assert len(v["tests"]) == 8 and v["threshold"] == pytest.approx(0.05 / 8)
+    assert v["above_chance"] == ["copa"]  # piqa: the Diff arm guesses
+    rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in regime.zeroshot_table([v]).splitlines()[2:]]
+    assert [row[1:4] + row[-1:] for row in rows] == [
+        ["copa", "transformer", "200", "yes"], ["copa", "diff", "200", "yes"],
+        ["piqa", "transformer", "200", "no"], ["piqa", "diff", "200", "no"]]

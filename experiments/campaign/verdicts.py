@@ -13,7 +13,9 @@ Pairs (identical data order within a pair; every arm is set against the Transfor
 
 Every pair is profiled on the real cased TinyStories held-out text (its first 64 windows of 512 tokens as in
 part 1, global protocol, exact medians) and its attention logits swept at 16/8/6/4 bits with three scale
-granularities on that text and on the held-out books (the first 48 windows of 512 tokens of each).
+granularities on that text and on the held-out books (the first 48 windows of 512 tokens of each). The
+best-trained pairs are also scored zero-shot (regime.ZEROSHOT_TASKS) and swept only on the tasks where every arm
+is above chance (diffquant.chance; zeroshot.md).
 Resumable: finished profiles and sweep cells are kept under --out and skipped on a rerun.
 """
 
@@ -27,7 +29,19 @@ from pathlib import Path
 from diffquant.config import ARCHS
 from diffquant.corpus import heldout_ids
 from diffquant.plots import plot_tracked
-from diffquant.regime import profile_pair, sweep_pair, sweep_path, tokens_label, verdict, write_outputs
+from diffquant.records import read_records
+from diffquant.regime import (
+    ZEROSHOT_TASKS,
+    profile_pair,
+    sweep_pair,
+    sweep_path,
+    tokens_label,
+    verdict,
+    write_outputs,
+    write_zeroshot,
+    zeroshot_pair,
+    zeroshot_verdict,
+)
 from diffquant.tokenizer import Tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -90,6 +104,9 @@ def main() -> None:
     parser.add_argument("--only", default=None, help="evaluate only the pairs whose name contains this (a second "
                         "process can share the work; a last run without it writes every table)")
     parser.add_argument("--windows", type=int, default=48, help="perplexity windows per task (each sweep cell)")
+    parser.add_argument("--zeroshot-min-tokens", type=float, default=80e6,
+                        help="zero-shot chance tests on pairs trained on at least this many tokens (the best-trained: "
+                        "if they are at chance, so are the others)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     out = Path(args.out)
@@ -107,6 +124,7 @@ def main() -> None:
         records = sweep_pair(pair, sweep_path(out, pair), tasks, batch_size=BATCH)
         results.append(verdict(pair, known, records))
     write_outputs(out, results, table5)
+    zeroshot(out, [p for p in pairs if p["tokens"] >= args.zeroshot_min_tokens])
     for run in long_runs():  # seed 0 keeps its old file name
         suffix = "" if run.name.endswith("-s0") else f"-{run.name.rsplit('-', 1)[1]}"
         if logs := long_logs(run):
@@ -116,6 +134,19 @@ def main() -> None:
             logs = {arch: json.loads((REPO / path).parent.joinpath("train_log.json").read_text())
                     for arch, path in pair["checkpoints"].items()}
             plot_tracked(logs, out / f"emergence-{pair['pair']}.png")
+
+
+def zeroshot(out: Path, pairs: list[dict]) -> None:
+    """The zero-shot tasks each pair answers above chance, and Figure 8 on those tasks only."""
+    path = lambda name: out / "zeroshot" / f"{name}.jsonl"  # noqa: E731
+    verdicts = []
+    for pair in pairs:
+        v = zeroshot_verdict(pair, zeroshot_pair(pair, path(pair["pair"]), batch_size=BATCH))
+        logging.info("pair %s: above chance on %s", pair["pair"], ", ".join(v["above_chance"]) or "no task")
+        if v["above_chance"]:
+            sweep_pair(pair, path(pair["pair"]), {t: ZEROSHOT_TASKS[t] for t in v["above_chance"]}, batch_size=BATCH)
+        verdicts.append(v)
+    write_zeroshot(out, verdicts, lambda v: read_records(path(v["pair"])))
 
 
 def long_logs(run: Path) -> dict[str, dict]:
