@@ -11,7 +11,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only; never a window
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
+from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter  # noqa: E402
 
 from .io import atomic_path  # noqa: E402
 from .kinds import ATTN_LOGITS, HIDDEN  # noqa: E402
@@ -142,6 +142,52 @@ def plot_tracked(logs: dict[str, dict], path: str | Path) -> Path:
     for ax, title in zip(axes, titles, strict=True):
         ax.set(yscale="log", xlabel="training tokens", title=title)
         ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def plot_trend(series: dict[str, list[dict]], path: str | Path, paper: tuple[float, float] | None = None,
+               scheme: str = "") -> Path:
+    """The verdicts against training tokens, one line per training run: Transformer / Diff top-1 for attention
+    logits and hidden states (``paper``: the paper's two ratios, drawn as references) and Diff's 4-bit advantage
+    with its paired 95% interval.
+
+    ``series`` maps a run to points ``{"tokens", "logit_ratio", "hidden_ratio", "advantage": {"advantage",
+    "low", "high"} | None}``; ``scheme`` names the advantage's scheme and task for the axis title.
+    """
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.6))
+    for i, (run, points) in enumerate(series.items()):
+        points = sorted(points, key=lambda q: q["tokens"])
+        style = dict(color=f"C{i % 10}", marker=MARKERS[i % len(MARKERS)], label=run)
+        xs = [q["tokens"] for q in points]
+        axes[0].plot(xs, [q["logit_ratio"] for q in points], **style)
+        axes[1].plot(xs, [q["hidden_ratio"] for q in points], **style)
+        adv = [(q["tokens"], q["advantage"]) for q in points if q.get("advantage")]
+        if adv:
+            below = [a["advantage"] - a["low"] for _, a in adv]
+            above = [a["high"] - a["advantage"] for _, a in adv]
+            axes[2].errorbar([t for t, _ in adv], [a["advantage"] for _, a in adv], yerr=[below, above], capsize=3,
+                             **style)
+    for ax, ref, title in zip(axes[:2], paper or (None, None), ("attention logits", "hidden states"), strict=True):
+        ax.axhline(1.0, color="grey", lw=0.8)
+        if ref:
+            ax.axhline(ref, color="black", ls="--", lw=0.8)
+            ax.annotate(f"paper (3B): {ref:.1f}×", (0.02, ref), xycoords=("axes fraction", "data"), fontsize=7,
+                        va="bottom")
+        ax.set(yscale="log", ylabel="Transformer / Diff, top-1", title=title)
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axes[2].axhline(0.0, color="grey", lw=0.8)
+    axes[2].set(ylabel="Δ ln ppl (T) − Δ ln ppl (D)", title=f"Diff's advantage at 4-bit logits ({scheme})\n"
+                "> 0: Diff lost less; bars: paired 95% bootstrap over windows")
+    axes[2].title.set_fontsize(9)
+    budgets = sorted({q["tokens"] for points in series.values() for q in points})
+    for ax in axes:
+        ax.set(xscale="log", xlabel="training tokens", xticks=budgets)
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v / 1e6:g}M"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(6, len(labels)), fontsize=7, frameon=False)
+    fig.tight_layout(rect=(0, 0.06 + 0.03 * (len(labels) // 6), 1, 1))
     return _save(fig, path)
 
 

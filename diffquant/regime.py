@@ -26,12 +26,12 @@ from .chance import PREDICTION, above_chance
 from .checkpoint import load_checkpoint
 from .io import atomic_write_text
 from .kinds import ATTN_LOGITS, HIDDEN, SEQUENCE
-from .plots import plot_over_training
+from .plots import plot_trend as draw_trend
 from .profile import profile, token_batches
 from .records import read_records
 from .report import comparison_rows, render_report
 from .sweep import run_sweep
-from .tables import outlier_table, ratio_table, render
+from .tables import PAPER_TABLE5, outlier_table, ratio_table, render
 
 log = logging.getLogger(__name__)
 
@@ -307,18 +307,25 @@ def figure8_text(results: list[dict], sweep_path) -> str:
     return "\n".join(parts)
 
 
-def plot_trend(table5: dict[str, dict], results: list[dict], path: Path) -> None:
-    """Top-1 / median against training tokens, one line per (run, arm), cooled pairs only. A pair's ``run``
-    names the training run its budgets branch from (default: size and seed), so runs at different learning
-    rates or on different data are never joined into one line."""
+TREND_SCHEME = f"attn_logits/{SEQUENCE} {GATE_TASK}"  # the 4-bit advantage drawn in trend.png
+
+
+def plot_trend(results: list[dict], path: Path, other: str = "diff") -> None:
+    """Transformer / ``other`` ratios and ``other``'s 4-bit advantage against training tokens, cooled pairs only,
+    one line per run. A pair's ``run`` names the training run its budgets branch from (default: size and seed),
+    so runs at different learning rates or on different data are never joined into one line."""
     series: dict[str, list[dict]] = {}
     for r in results:
-        if r.get("cooled"):
-            for arch in r["checkpoints"]:
-                run = r.get("run", f"{r['preset']}-s{r['seed']}")
-                series.setdefault(f"{run} {arch}", []).append(table5[r["pair"]][arch])
+        if r.get("cooled") and other in r["versus"]:
+            vs = r["versus"][other]
+            advantage = next((a for scheme, a in vs["advantage_4bit"].items() if scheme.startswith(TREND_SCHEME)), None)
+            series.setdefault(r.get("run", f"{r['preset']}-s{r['seed']}"), []).append(
+                {"tokens": r["tokens"], "logit_ratio": vs["logit_ratio"], "hidden_ratio": vs["hidden_ratio"],
+                 "advantage": advantage})
     if series:
-        plot_over_training(series, path)
+        paper = None if other != "diff" else tuple(
+            PAPER_TABLE5[("transformer", kind)][0] / PAPER_TABLE5[("diff", kind)][0] for kind in (ATTN_LOGITS, HIDDEN))
+        draw_trend(series, path, paper=paper, scheme=TREND_SCHEME)
 
 
 # ------------------------------------------------------------------------------------------------ outputs
@@ -339,7 +346,7 @@ def write_outputs(out: Path, results: list[dict], table5: dict[str, dict], note:
     atomic_write_text(out / "seeds.md", note + seeds_table(summary) + "\n")
     atomic_write_text(out / "table5.md", note + table5_text(table5) + "\n")
     atomic_write_text(out / "figure8.md", note + figure8_text(results, lambda r: sweep_path(out, r)) + "\n")
-    plot_trend(table5, results, out / "trend.png")
+    plot_trend(results, out / "trend.png")
 
 
 def write_zeroshot(out: Path, verdicts: list[dict], records_of, note: str = "") -> None:

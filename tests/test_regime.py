@@ -119,17 +119,30 @@ def test_plot_tracked_draws_arms_and_ratios_from_train_logs(tmp_path):
     assert path.stat().st_size > 10_000
 
 
-def test_trend_lines_join_only_budgets_of_one_run(monkeypatch, tmp_path):
+def test_trend_lines_join_only_cooled_budgets_of_one_run(monkeypatch, tmp_path):
     drawn = {}
-    monkeypatch.setattr(regime, "plot_over_training", lambda series, path: drawn.update(series))
+    monkeypatch.setattr(regime, "draw_trend", lambda series, path, paper, scheme: drawn.update(series, paper=paper))
+    scheme = f"{regime.TREND_SCHEME} (first 48)"
     pairs = [{**PAIR, "pair": name, "run": run, "tokens": tokens, "cooled": cooled,
-              "checkpoints": {"transformer": "t", "diff": "d"}}
+              "versus": {"diff": {"logit_ratio": tokens / 10, "hidden_ratio": 1.0,
+                                  "advantage_4bit": {scheme: {"advantage": -0.1, "low": -0.2, "high": 0.0},
+                                                     "attn_logits/head test": {}}}}}
              for name, run, tokens, cooled in (("a-6M", "lr1e-2", 6, True), ("b-40M", "lr3e-3", 40, True),
                                                ("b-80M", "lr3e-3", 80, True), ("b-raw", "lr3e-3", 90, False))]
-    table = {p["pair"]: {arch: {"train_tokens": p["tokens"]} for arch in ("transformer", "diff")} for p in pairs}
-    regime.plot_trend(table, pairs, tmp_path / "trend.png")
-    assert sorted(drawn) == ["lr1e-2 diff", "lr1e-2 transformer", "lr3e-3 diff", "lr3e-3 transformer"]
-    assert [r["train_tokens"] for r in drawn["lr3e-3 diff"]] == [40, 80]  # the uncooled budget stays out
+    regime.plot_trend(pairs, tmp_path / "trend.png")
+    assert [q["tokens"] for q in drawn["lr3e-3"]] == [40, 80]  # the uncooled budget stays out
+    assert [q["logit_ratio"] for q in drawn["lr1e-2"]] == [0.6]
+    assert drawn["lr3e-3"][0]["advantage"] == {"advantage": -0.1, "low": -0.2, "high": 0.0}
+    assert drawn["paper"] == pytest.approx((318.0 / 38.8, 3608.6 / 1688.2))  # Table 5's 8.2× and 2.1×
+
+
+def test_trend_figure_is_drawn(tmp_path):
+    from diffquant.plots import plot_trend
+
+    series = {f"run {i}": [{"tokens": t, "logit_ratio": 1.0 + i, "hidden_ratio": 0.9,
+                            "advantage": {"advantage": -0.2, "low": -0.3, "high": -0.1} if t > 10 else None}
+                           for t in (6e6, 4e7, 8e7)] for i in range(3)}
+    assert plot_trend(series, tmp_path / "trend.png", paper=(8.2, 2.1), scheme="s").stat().st_size > 10_000
 
 
 def test_verdicts_finds_each_long_seeds_cooled_pairs_with_its_seed(tmp_path, monkeypatch):
