@@ -195,7 +195,7 @@ def over_seeds(results: list[dict]) -> list[dict]:
     """Per (preset, budget, other arm): per-seed ratios and 4-bit advantages, sign tests and pooled means."""
     out = []
     keys = sorted({(r["preset"], r["budget"], r["tokens"], o) for r in results for o in r["versus"]},
-                  key=lambda k: (k[0] != "xs", k[2], list(ARCH_SHORT).index(k[3])))
+                  key=lambda k: (k[0] != "xs", k[2], k[1], list(ARCH_SHORT).index(k[3])))  # no set order
     for preset, budget, tokens, other in keys:
         mine = sorted((r for r in results if (r["preset"], r["budget"]) == (preset, budget) and other in r["versus"]),
                       key=lambda r: r["seed"])
