@@ -115,7 +115,6 @@ def zeroshot_verdict(pair: dict, records: list[dict], alpha: float = ZEROSHOT_AL
             "n_permutations": n_permutations, "tests": tests, "above_chance": passing}
 
 
-
 def perplexity(records: list[dict], arch: str, bits: int, granularity: str | None, task: str) -> float | None:
     for rec in records:
         if (rec["arch"], rec["bits"], rec.get("granularity"), rec["task"]) == (arch, bits, granularity, task):

@@ -138,7 +138,9 @@ def main() -> None:
 
 def zeroshot(out: Path, pairs: list[dict]) -> None:
     """The zero-shot tasks each pair answers above chance, and Figure 8 on those tasks only."""
-    path = lambda name: out / "zeroshot" / f"{name}.jsonl"  # noqa: E731
+    def path(name: str) -> Path:
+        return out / "zeroshot" / f"{name}.jsonl"
+
     verdicts = []
     for pair in pairs:
         v = zeroshot_verdict(pair, zeroshot_pair(pair, path(pair["pair"]), batch_size=BATCH))
