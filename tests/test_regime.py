@@ -1,10 +1,12 @@
 """Outlier-regime verdicts: the gate, where top values sit, and the statistics over seeds (the end-to-end path
 through profile and sweep runs in tests/test_gpu_script.py's dry run)."""
 
+import json
 import math
 import random
 
 import pytest
+import torch
 
 from diffquant import regime
 from diffquant.kinds import SEQUENCE
@@ -190,3 +192,22 @@ def test_zeroshot_counts_a_task_only_when_every_arm_is_above_chance_after_bonfer
     assert [row[1:4] + row[-1:] for row in rows] == [
         ["copa", "transformer", "200", "yes"], ["copa", "diff", "200", "yes"],
         ["piqa", "transformer", "200", "no"], ["piqa", "diff", "200", "no"]]
+
+
+def test_zeroshot_end_to_end_on_tiny_checkpoints(tmp_path):
+    import diffquant as dq
+
+    from .conftest import tiny_config
+    from .helpers import randomize_
+
+    torch.manual_seed(0)
+    models = {arch: randomize_(dq.build_model(tiny_config(arch, vocab_size=8192))) for arch in ("transformer", "diff")}
+    ckpts = {arch: str(dq.save_checkpoint(model, tmp_path / arch)) for arch, model in models.items()}
+    pair = {"pair": "tiny", "tokens": 1, "checkpoints": ckpts}
+    records = regime.zeroshot_pair(pair, tmp_path / "zs.jsonl", tasks={"copa": 8}, batch_size=4)
+    assert sorted(r["arch"] for r in records) == ["diff", "transformer"] and {r["bits"] for r in records} == {16}
+    v = regime.zeroshot_verdict(pair, records, n_permutations=500)
+    assert len(v["tests"]) == 4 and all(t["n"] == 8 for t in v["tests"])
+    regime.write_zeroshot(tmp_path, [v], lambda _: records)
+    assert json.loads((tmp_path / "zeroshot.json").read_text())[0]["pair"] == "tiny"
+    assert (tmp_path / "zeroshot.md").read_text().count("| tiny ") == 2
