@@ -44,8 +44,11 @@ def test_dry_run_samples_trains_and_evaluates_every_pair(script, dry_run):
         records = [json.loads(line) for line in (out / "figure8" / f"{pair['pair']}.jsonl").read_text().splitlines()]
         tasks = len(script.DRY.sweep_limits)
         assert len(records) == 2 * tasks * (1 + 3 * len(GRANULARITIES))  # models x tasks x (16 + bits x gran.)
-    for name in ("gate.md", "seeds.md", "table5.md", "figure8.md", "trend.png", "summary.json"):
+    for name in ("gate.md", "seeds.md", "table5.md", "figure8.md", "trend.png", "zeroshot.md", "summary.json"):
         assert (out / name).stat().st_size > 0
+    assert set(summary["zeroshot_above_chance"]) == {"xs-s0-8.19K", "s-s0-2.05K"}  # each size's best-trained
+    tests = json.loads((out / "zeroshot.json").read_text())[0]["tests"]
+    assert {(t["task"], t["n"]) for t in tests} == {("copa", 8)} and len(tests) == 4
 
 
 @pytest.mark.slow

@@ -28,11 +28,14 @@ Steps (each phase has a deadline; the script stops gracefully and evaluates what
 4. **Outputs** under ``--out`` (``diffquant.regime.write_outputs``): ``pairs.json`` (every pair's numbers),
    ``gate.md``, ``table5.md``, ``figure8.md``, ``seeds.md`` (per-seed Transformer/Diff ratios and 4-bit
    degradation differences, two-sided sign tests, the trend over budgets and sizes; ``seeds.json`` the same as
-   records), ``trend.png`` and ``summary.json`` (plan, timings, throughput, what the guard skipped).
+   records), ``trend.png``, ``zeroshot.md`` / ``zeroshot.json`` (the chance check) and ``summary.json`` (plan,
+   timings, throughput, what the guard skipped).
 
 Granularities: issue 13's three — "tensor" (one scale per sequence; both Diff maps share it), "head" (per
 sequence and head; both maps of a Diff head share it) and "head_map" (per head and Diff map, which equals the
-Transformer's per-head scale). Zero-shot tasks are left out: models of 0.26-1.5M parameters are at chance.
+Transformer's per-head scale). Zero-shot: each size's best-trained pairs are scored unquantized on
+``regime.ZEROSHOT_TASKS`` and swept only on the tasks where every arm is above chance (``diffquant.chance``;
+``zeroshot.md``, ``zeroshot/PAIR.jsonl``) — on the CPU no 84M-token xs pair was.
 
 Planned sizes (no GPU was available when this was written; every number below is an estimate, and the guard
 keeps the script inside 12 minutes whatever the real speed):
@@ -76,7 +79,19 @@ from diffquant.checkpoint.gguf import stories260k_path
 from diffquant.config import ModelConfig
 from diffquant.corpus import heldout_ids, load_corpus
 from diffquant.io import atomic_write_text
-from diffquant.regime import profile_pair, sweep_pair, sweep_path, tokens_label, verdict, write_outputs
+from diffquant.records import read_records
+from diffquant.regime import (
+    ZEROSHOT_TASKS,
+    profile_pair,
+    sweep_pair,
+    sweep_path,
+    tokens_label,
+    verdict,
+    write_outputs,
+    write_zeroshot,
+    zeroshot_pair,
+    zeroshot_verdict,
+)
 from diffquant.sample import sample_corpus
 from diffquant.tokenizer import Tokenizer
 from diffquant.train import TrainConfig, TrainingDiverged, train
@@ -117,6 +132,7 @@ class Plan:
     sweep_limits: dict  # perplexity task -> windows (None: all)
     profile_tokens: int | None  # None: the whole held-out text
     eval_batch: int = 32
+    zeroshot_tasks: dict = field(default_factory=lambda: dict(ZEROSHOT_TASKS))  # task -> first N items
     cooldown_frac: float = 0.2
     beta2: float = 0.99  # stories260K's recipe
     weight_decay: float = 0.01
@@ -145,7 +161,7 @@ DRY = Plan(
     eval_tokens=512,
     groups=(Group("xs", 0, (2048, 4096)), Group("xs", 1, (4096,)), Group("s", 0, (2048,)), Group("xs", 0, (8192,))),
     guess_tokens_per_s={"xs/transformer": 1e4, "xs/diff": 8e3, "s/transformer": 4e3, "s/diff": 3e3},
-    sweep_limits={"tinystories": 1}, profile_tokens=2048, eval_batch=8,
+    sweep_limits={"tinystories": 1}, profile_tokens=2048, eval_batch=8, zeroshot_tasks={"copa": 8},
     threads=1)  # more threads than idle cores makes torch's CPU kernels crawl (100x seen on a busy 2-core box)
 
 
@@ -183,6 +199,7 @@ class Context:
     skipped: list = field(default_factory=list)
     diverged: list = field(default_factory=list)
     eval_seconds: dict = field(default_factory=dict)  # preset -> last pair's evaluation time
+    zeroshot_seconds: float = 0.0  # the last zero-shot check's time
 
     def step_seconds(self, run: Run) -> float:
         key = f"{run.preset}/{run.arch}"
@@ -411,19 +428,47 @@ def evaluate_all(ctx: Context, pairs: list[dict]) -> tuple[list[dict], dict]:
     return results, table5
 
 
+def zeroshot_all(ctx: Context, results: list[dict]) -> list[dict]:
+    """The zero-shot chance check on each size's best-trained evaluated pairs while time lasts, and Figure 8 on
+    the tasks where every arm is above chance (``zeroshot/PAIR.jsonl``)."""
+    top = {}
+    for r in results:
+        top[r["preset"]] = max(top.get(r["preset"], 0), r["tokens"])
+    verdicts = []
+    for pair in (r for r in results if r["tokens"] == top[r["preset"]]):
+        if ctx.zeroshot_seconds > ctx.clock.left(ctx.clock.eval_until):
+            ctx.skip(f"zero-shot check of {pair['pair']} (~{ctx.zeroshot_seconds:.0f} s)")
+            continue
+        start, plan = time.perf_counter(), ctx.plan
+        path = zeroshot_path(ctx.out, pair)
+        v = zeroshot_verdict(pair, zeroshot_pair(pair, path, plan.zeroshot_tasks, plan.eval_batch, plan.device))
+        if v["above_chance"]:
+            sweep_pair(pair, path, {t: plan.zeroshot_tasks[t] for t in v["above_chance"]}, plan.eval_batch,
+                       plan.device)
+        verdicts.append(v)
+        ctx.zeroshot_seconds = time.perf_counter() - start
+    return verdicts
+
+
+def zeroshot_path(out: Path, pair: dict) -> Path:
+    return out / "zeroshot" / f"{pair['pair']}.jsonl"
+
+
 # ------------------------------------------------------------------------------------------------ 4. outputs
 
 def device_name(plan: Plan) -> str:
     return torch.cuda.get_device_name() if plan.device == "cuda" else "cpu"
 
 
-def summary(ctx: Context, times: dict, manifest: dict, pairs: list[dict], results: list[dict]) -> dict:
+def summary(ctx: Context, times: dict, manifest: dict, pairs: list[dict], results: list[dict],
+            zeroshot: list[dict]) -> dict:
     tokens_per_s = {key: round(ctx.plan.tokens_per_step / s) for key, s in ctx.seconds_per_step.items()}
     return {"plan": dataclasses.asdict(ctx.plan), "device": device_name(ctx.plan), "times_s": times,
             "corpus": {"tokens": manifest.get("tokens"), "shards": len(manifest.get("shards", [])),
                        "tokens_per_s": [s["tokens_per_s"] for s in manifest.get("shards", [])]},
             "train_tokens_per_s_last_stretch": tokens_per_s, "pairs_trained": [p["pair"] for p in pairs],
             "pairs_evaluated": [r["pair"] for r in results], "gate": {r["pair"]: r["gate"] for r in results},
+            "zeroshot_above_chance": {v["pair"]: v["above_chance"] for v in zeroshot},
             "skipped_by_time_guard": ctx.skipped, "diverged": ctx.diverged}
 
 
@@ -438,9 +483,11 @@ def run(plan: Plan, out: Path) -> dict:
     results, table5 = evaluate_all(ctx, pairs)
     note = "" if results else "No pair was evaluated (see summary.json: what the time guard skipped).\n"
     write_outputs(out, results, table5, note)
+    zeroshot = zeroshot_all(ctx, results)
+    write_zeroshot(out, zeroshot, lambda v: read_records(zeroshot_path(out, v)))
     times["evaluate"] = round(ctx.clock.elapsed() - times["corpus"] - times["train"], 1)
     times["total"] = round(ctx.clock.elapsed(), 1)
-    record = summary(ctx, times, manifest, pairs, results)
+    record = summary(ctx, times, manifest, pairs, results, zeroshot)
     atomic_write_text(out / "summary.json", json.dumps(record, indent=1))
     return record
 
