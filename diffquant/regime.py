@@ -97,6 +97,17 @@ def zeroshot_pair(pair: dict, path: Path, tasks: dict[str, int | None] = ZEROSHO
     return read_records(path)
 
 
+def zeroshot_check(pair: dict, path: Path, tasks: dict[str, int | None] = ZEROSHOT_TASKS, batch_size: int = 32,
+                   device: str = "cpu") -> dict:
+    """:func:`zeroshot_verdict` on freshly scored (or resumed) records, then Figure 8 on the tasks above chance,
+    all in the JSONL at ``path``."""
+    verdict = zeroshot_verdict(pair, zeroshot_pair(pair, path, tasks, batch_size, device))
+    log.info("pair %s: above chance on %s", pair["pair"], ", ".join(verdict["above_chance"]) or "no task")
+    if verdict["above_chance"]:
+        sweep_pair(pair, path, {t: tasks[t] for t in verdict["above_chance"]}, batch_size, device)
+    return verdict
+
+
 # ------------------------------------------------------------------------------------------------ verdicts
 
 def zeroshot_verdict(pair: dict, records: list[dict], alpha: float = ZEROSHOT_ALPHA,

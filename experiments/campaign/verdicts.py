@@ -31,7 +31,6 @@ from diffquant.corpus import heldout_ids
 from diffquant.plots import plot_tracked
 from diffquant.records import read_records
 from diffquant.regime import (
-    ZEROSHOT_TASKS,
     profile_pair,
     sweep_pair,
     sweep_path,
@@ -39,8 +38,7 @@ from diffquant.regime import (
     verdict,
     write_outputs,
     write_zeroshot,
-    zeroshot_pair,
-    zeroshot_verdict,
+    zeroshot_check,
 )
 from diffquant.tokenizer import Tokenizer
 
@@ -141,13 +139,7 @@ def zeroshot(out: Path, pairs: list[dict]) -> None:
     def path(name: str) -> Path:
         return out / "zeroshot" / f"{name}.jsonl"
 
-    verdicts = []
-    for pair in pairs:
-        v = zeroshot_verdict(pair, zeroshot_pair(pair, path(pair["pair"]), batch_size=BATCH))
-        logging.info("pair %s: above chance on %s", pair["pair"], ", ".join(v["above_chance"]) or "no task")
-        if v["above_chance"]:
-            sweep_pair(pair, path(pair["pair"]), {t: ZEROSHOT_TASKS[t] for t in v["above_chance"]}, batch_size=BATCH)
-        verdicts.append(v)
+    verdicts = [zeroshot_check(pair, path(pair["pair"]), batch_size=BATCH) for pair in pairs]
     write_zeroshot(out, verdicts, lambda v: read_records(path(v["pair"])))
 
 

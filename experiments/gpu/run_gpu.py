@@ -89,8 +89,7 @@ from diffquant.regime import (
     verdict,
     write_outputs,
     write_zeroshot,
-    zeroshot_pair,
-    zeroshot_verdict,
+    zeroshot_check,
 )
 from diffquant.sample import sample_corpus
 from diffquant.tokenizer import Tokenizer
@@ -440,12 +439,8 @@ def zeroshot_all(ctx: Context, results: list[dict]) -> list[dict]:
             ctx.skip(f"zero-shot check of {pair['pair']} (~{ctx.zeroshot_seconds:.0f} s)")
             continue
         start, plan = time.perf_counter(), ctx.plan
-        path = zeroshot_path(ctx.out, pair)
-        v = zeroshot_verdict(pair, zeroshot_pair(pair, path, plan.zeroshot_tasks, plan.eval_batch, plan.device))
-        if v["above_chance"]:
-            sweep_pair(pair, path, {t: plan.zeroshot_tasks[t] for t in v["above_chance"]}, plan.eval_batch,
-                       plan.device)
-        verdicts.append(v)
+        verdicts.append(zeroshot_check(pair, zeroshot_path(ctx.out, pair), plan.zeroshot_tasks, plan.eval_batch,
+                                       plan.device))
         ctx.zeroshot_seconds = time.perf_counter() - start
     return verdicts
 
