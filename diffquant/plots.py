@@ -13,8 +13,8 @@ matplotlib.use("Agg")  # files only; never a window
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter  # noqa: E402
 
+from .emergence import tracked_curve  # noqa: E402
 from .io import atomic_path  # noqa: E402
-from .kinds import ATTN_LOGITS, HIDDEN  # noqa: E402
 from .records import BASELINE_BITS, is_finite  # noqa: E402
 from .report import (  # noqa: E402
     ARCH_NAMES,
@@ -118,10 +118,7 @@ def plot_tracked(logs: dict[str, dict], path: str | Path) -> Path:
 
     ``logs`` maps an arch to its train log; a continued run (a cooldown) can be passed as ``"diff cooled"`` etc.
     """
-    from .tracking import max_over_layers
-
-    curves = {label: [(p["tokens"], max_over_layers(p["layers"], ATTN_LOGITS), max_over_layers(p["layers"], HIDDEN))
-                      for p in log["history"].get("outliers", [])] for label, log in logs.items()}
+    curves = {label: tracked_curve(log) for label, log in logs.items()}
     fig, axes = plt.subplots(1, 3, figsize=(16, 4))
     for label, pts in curves.items():
         arch = label.split()[0]

@@ -24,6 +24,7 @@ from scipy.stats import t as student_t
 
 from .chance import PREDICTION, above_chance
 from .checkpoint import load_checkpoint
+from .emergence import CURVES, FLAT_CHANGE, has_flattened, last_changes
 from .io import atomic_write_text
 from .kinds import ATTN_LOGITS, HIDDEN, SEQUENCE
 from .plots import plot_trend as draw_trend
@@ -299,6 +300,26 @@ def zeroshot_table(verdicts: list[dict]) -> str:
     return render(header, rows)
 
 
+def emergence_table(runs: dict[str, list[dict]]) -> str:
+    """Block means of the tracked top-1 (``emergence.block_means``: Transformer vs other) per run, each run ending
+    with the relative change of its last block and whether every curve has flattened."""
+    rows = []
+    for run, blocks in runs.items():
+        for b in blocks:
+            rows.append([run, f"{tokens_label(b['tokens_from'])}–{tokens_label(b['tokens_to'])}", b["points"],
+                         *(fmt(b[site][key], 2 if key == "ratio" else 1) for site in CURVES
+                           for key in ("arm", "other", "ratio"))])
+        if changes := last_changes(blocks):
+            rows.append([run, "last block's change", "",
+                         *(f"{changes[f'{site}/{key}']:+.1%}" if f"{site}/{key}" in changes else "—"
+                           for site in CURVES for key in ("arm", "other", "ratio"))])
+            rows.append([run, f"flattened (every |change| < {FLAT_CHANGE:.0%})", "",
+                         "yes" if has_flattened(blocks) else "no", *[""] * (3 * len(CURVES) - 1)])
+    header = ["run", "training tokens", "points", "logit top-1 T", "logit top-1 other", "T/other",
+              "hidden top-1 T", "hidden top-1 other", "T/other"]
+    return render(header, rows)
+
+
 def table5_text(table5: dict[str, dict]) -> str:
     parts = []
     for name, recs in table5.items():
@@ -370,3 +391,10 @@ def write_zeroshot(out: Path, verdicts: list[dict], records_of, note: str = "") 
             records = [r for r in records_of(v) if r["task"] in v["above_chance"]]
             parts += [f"### {v['pair']}", "", render_report(records, fmt="markdown"), ""]
     atomic_write_text(out / "zeroshot.md", "\n".join(parts) + "\n")
+
+
+def write_emergence(out: Path, runs: dict[str, list[dict]], note: str = "") -> None:
+    """emergence.json and emergence.md: each long run's tracked top-1 in blocks of training tokens."""
+    out = Path(out)
+    atomic_write_text(out / "emergence.json", json.dumps(runs, indent=1))
+    atomic_write_text(out / "emergence.md", note + emergence_table(runs) + "\n")

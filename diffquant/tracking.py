@@ -53,7 +53,3 @@ def outlier_point(model: nn.Module, batch: torch.Tensor) -> list[dict]:
         layers.append(point)
     return layers
 
-
-def max_over_layers(point: list[dict], site: str, key: str = "top1") -> float | None:
-    values = [layer[site][key] for layer in point if site in layer and layer[site][key] is not None]
-    return max(values) if values else None

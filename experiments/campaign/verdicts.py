@@ -15,7 +15,8 @@ Every pair is profiled on the real cased TinyStories held-out text (its first 64
 part 1, global protocol, exact medians) and its attention logits swept at 16/8/6/4 bits with three scale
 granularities on that text and on the held-out books (the first 48 windows of 512 tokens of each). The
 best-trained pairs are also scored zero-shot (regime.ZEROSHOT_TASKS) and swept only on the tasks where every arm
-is above chance (diffquant.chance; zeroshot.md).
+is above chance (diffquant.chance; zeroshot.md). Each long run's tracked outliers are averaged in blocks of 8.39M tokens
+with the flattening rule of diffquant.emergence (emergence.md).
 Resumable: finished profiles and sweep cells are kept under --out and skipped on a rerun.
 """
 
@@ -28,6 +29,7 @@ from pathlib import Path
 
 from diffquant.config import ARCHS
 from diffquant.corpus import heldout_ids
+from diffquant.emergence import block_means
 from diffquant.plots import plot_tracked
 from diffquant.records import read_records
 from diffquant.regime import (
@@ -36,6 +38,7 @@ from diffquant.regime import (
     sweep_path,
     tokens_label,
     verdict,
+    write_emergence,
     write_outputs,
     write_zeroshot,
     zeroshot_check,
@@ -49,6 +52,7 @@ REAL_ROOT = REPO / "experiments/campaign/realtext"
 LONG_ROOT = REPO / "experiments/campaign/long"
 SHORT_TOKENS = 736 * 16 * 512
 SEQ_LEN, BATCH = 512, 16
+EMERGENCE_BLOCK = 1024 * BATCH * SEQ_LEN  # tracked points averaged per 8.39M tokens (8 points)
 
 
 def rel(path: Path) -> str:
@@ -123,10 +127,14 @@ def main() -> None:
         results.append(verdict(pair, known, records))
     write_outputs(out, results, table5)
     zeroshot(out, [p for p in pairs if p["tokens"] >= args.zeroshot_min_tokens])
+    blocks = {}
     for run in long_runs():  # seed 0 keeps its old file name
         suffix = "" if run.name.endswith("-s0") else f"-{run.name.rsplit('-', 1)[1]}"
         if logs := long_logs(run):
             plot_tracked(logs, out / f"long-emergence{suffix}.png")
+        if "transformer" in logs and "diff" in logs:
+            blocks[run.name] = block_means(logs["transformer"], logs["diff"], EMERGENCE_BLOCK)
+    write_emergence(out, blocks)
     for pair in pairs:  # the emergence curves of pairs with the gated / clipped arms
         if len(pair["checkpoints"]) > 2:
             logs = {arch: json.loads((REPO / path).parent.joinpath("train_log.json").read_text())
