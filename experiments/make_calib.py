@@ -106,7 +106,8 @@ def items() -> list[Item]:
     out.append(Item("models/stories260K_tok512_from_gguf.model", "models/stories260K_tok512_from_gguf.model",
                     "rebuilt from the vocabulary inside stories260K.gguf", "as the model",
                     "SentencePiece, 512 pieces, BOS 1, EOS 2"))
-    out.append(Item("models/LICENSE.go-llama", "models/LICENSE.go-llama", "mutablelogic/go-llama : LICENSE", "Apache-2.0"))
+    out.append(Item("models/LICENSE.go-llama", "models/LICENSE.go-llama", "mutablelogic/go-llama : LICENSE",
+                    "Apache-2.0"))
     out.append(Item("models/README.go-llama.md", "models/README.go-llama.md", GOLL + "README.md",
                     "Apache-2.0"))
     return out
@@ -154,8 +155,10 @@ original bytes. Nothing under `../shared` is read at run time. Override the fold
   CC BY 4.0, OpenBookQA Apache-2.0, COPA BSD-2). HellaSwag (Zellers et al. 2019, MIT) via klosax/hellaswag_text_data.
 * `models/stories260K.gguf`: Andrej Karpathy's llama2.c / tinyllamas (MIT), GGUF from mutablelogic/go-llama
   (Apache-2.0, `models/LICENSE.go-llama`).
-* `corpus/tinystories/LICENSE` is the MIT licence of the uploader's repository (Victor Koloskov), kept with the file.
-* `tokenizer.json`: trained in this project by `experiments/train_tokenizer.py` on the train split (MIT, as the project).
+* `corpus/tinystories/LICENSE` is the MIT licence of the uploader's repository (Victor Koloskov),
+  kept with the file.
+* `tokenizer.json`: trained in this project by `experiments/train_tokenizer.py` on the train split
+  (MIT, as the project).
 
 ## Splits (`diffquant.data.load_split`)
 
