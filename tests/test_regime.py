@@ -156,17 +156,21 @@ def test_verdicts_finds_each_long_seeds_cooled_pairs_with_its_seed(tmp_path, mon
     monkeypatch.setattr(verdicts, "REPO", tmp_path)
     monkeypatch.setattr(verdicts, "LONG_ROOT", tmp_path / "long")
     for run, arms in (("xs-lr3e-3-s10", ("transformer", "diff")), ("xs-lr3e-3-s1", ("transformer", "diff")),
-                      ("xs-lr3e-3-s2", ("transformer",))):  # seed 2's Diff arm still cooling: no pair
+                      ("xs-lr3e-3-s2", ("transformer",)),  # seed 2's Diff arm still cooling: no pair
+                      ("s-lr3e-3-s0", ("transformer", "diff"))):
         for arch in arms:
             final = tmp_path / "long" / run / "cooldown" / f"{arch}-step004096" / "final"
             final.mkdir(parents=True)
             (final / "model.safetensors").write_bytes(b"x")
             (final.parent / "train_log.json").write_text('{"tokens_seen": 41943040}')
     pairs = verdicts.long_pairs()
-    assert [(p["pair"], p["seed"], p["run"]) for p in pairs] == [
-        ("xs-lr3e-3-s1-41.9M", 1, "xs-lr3e-3-s1"), ("xs-lr3e-3-s10-41.9M", 10, "xs-lr3e-3-s10")]
-    assert pairs[0]["budget"] == pairs[1]["budget"]  # seeds of one budget are pooled over seeds
-    assert pairs[0]["checkpoints"]["diff"] == "long/xs-lr3e-3-s1/cooldown/diff-step004096/final"
+    assert [(p["pair"], p["preset"], p["seed"], p["run"]) for p in pairs] == [
+        ("s-lr3e-3-s0-41.9M", "s", 0, "s-lr3e-3-s0"), ("xs-lr3e-3-s1-41.9M", "xs", 1, "xs-lr3e-3-s1"),
+        ("xs-lr3e-3-s10-41.9M", "xs", 10, "xs-lr3e-3-s10")]
+    assert pairs[1]["budget"] == pairs[2]["budget"]  # seeds of one budget are pooled over seeds
+    assert pairs[1]["checkpoints"]["diff"] == "long/xs-lr3e-3-s1/cooldown/diff-step004096/final"
+    assert [verdicts.emergence_suffix(run) for run in verdicts.long_runs()] == ["-s-s0", "-s1", "-s2", "-s10"]
+    assert verdicts.emergence_suffix(Path("xs-lr3e-3-s0")) == ""  # seed 0 keeps the first figure's name
 
 
 def mc_record(arch: str, task: str, share: float, seed: int, n: int = 200, bits: int = 16) -> dict:

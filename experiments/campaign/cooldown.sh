@@ -1,21 +1,22 @@
 #!/usr/bin/env bash
-# Cooldown branches of the long xs pair (experiments/campaign/long.sh): from each state both arms kept at step N
-# (RUN/ARCH/branches/stepN), the same run continues N/4 more steps with the learning rate decaying linearly to
-# 10% (wsd, decay from step N), so the decayed part is the last 20% as in part 1's sweep. Output:
-# RUN/cooldown/ARCH-stepN (final/ and train_log.json; the resumable state is dropped once finished).
+# Cooldown branches of a long pair (experiments/campaign/long.sh, PRESET and SEED as there): from each state both
+# arms kept at step N (RUN/ARCH/branches/stepN), the same run continues N/4 more steps with the learning rate
+# decaying linearly to 10% (wsd, decay from step N), so the decayed part is the last 20% as in part 1's sweep.
+# Output: RUN/cooldown/ARCH-stepN (final/ and train_log.json; the resumable state is dropped once finished).
 # Resumable and idempotent: finished cooldowns are skipped. The two arms of a branch run concurrently.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 DQ=${DQ:-.venv/bin/diffquant}
 SEED=${SEED:-0}
-RUN=${RUN:-experiments/campaign/long/xs-lr3e-3-s$SEED}
+PRESET=${PRESET:-xs}
+RUN=${RUN:-experiments/campaign/long/$PRESET-lr3e-3-s$SEED}
 cool() {  # one arm's cooldown from branch $2 (step $3)
   local arch=$1 name=$2 step=$3
   local src=$RUN/$arch/branches/$name out=$RUN/cooldown/$arch-$name
   [ -d "$src" ] && [ ! -f "$out/final/model.safetensors" ] || return 0
   local resume=(--branch-from "$src"); [ -f "$out/state/trainer.json" ] && resume=(--resume)
   mkdir -p "$RUN/cooldown"
-  nice -n "${NICE:-5}" "$DQ" train --arch "$arch" --preset xs --data experiments/corpus/stories260k-s0 \
+  nice -n "${NICE:-5}" "$DQ" train --arch "$arch" --preset "$PRESET" --data experiments/corpus/stories260k-s0 \
     --tokens $(( (step + step / 4) * 16 * 512 )) --out "$out" --batch-size 16 --seq-len 512 --recipe stories260k \
     --lr 3e-3 --seed "$SEED" --schedule wsd --decay-start "$step" --warmup-steps 50 --eval-every 512 \
     --eval-tokens 65536 --track-every 128 --save-every 128 --threads 1 "${resume[@]}" >> "$out.log" 2>&1

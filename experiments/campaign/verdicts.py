@@ -7,8 +7,8 @@ Pairs (identical data order within a pair; every arm is set against the Transfor
 * ``xs-lr1e-2-sN``: part 1's short protocol at lr 1e-2 (6.03M tokens, wsd, last 20% decayed), where the
   Transformer already passes the gate; seeds 0-1 from experiments/lr_sweep/runs, seeds 2+ and the gated /
   clipped arms (seed 0) from experiments/campaign/short;
-* ``xs-lr3e-3-sN-<tokens>``: the long runs' cooled branches (experiments/campaign/long, cooldown.sh; seed 0 is the
-  long run, other seeds stop at earlier branches);
+* ``PRESET-lr3e-3-sN-<tokens>``: the long runs' cooled branches (experiments/campaign/long, cooldown.sh; xs seed 0
+  is the long run, other seeds stop at earlier branches; the s preset for the size trend);
 * ``xs-real-lr1e-2-s0``: the real-text control, the short protocol on real text (experiments/campaign/realtext.sh).
 
 Every pair is profiled on the real cased TinyStories held-out text (its first 64 windows of 512 tokens as in
@@ -77,22 +77,33 @@ def real_pairs() -> list[dict]:
     return short_pairs(roots=(REAL_ROOT,), name="xs-real", corpus=", real text")
 
 
+def run_preset_seed(run: Path) -> tuple[str, int]:
+    """``PRESET-lr3e-3-sSEED`` → (preset, seed)."""
+    return run.name.split("-lr", 1)[0], int(run.name.rsplit("-s", 1)[1])
+
+
 def long_runs() -> list[Path]:
-    return sorted(LONG_ROOT.glob("xs-lr3e-3-s*"), key=lambda run: int(run.name.rsplit("-s", 1)[1]))
+    return sorted(LONG_ROOT.glob("*-lr3e-3-s*"), key=run_preset_seed)
+
+
+def emergence_suffix(run: Path) -> str:
+    """File-name suffix of a run's emergence figure: xs seed 0 keeps the first name, other xs seeds ``-sN``."""
+    preset, seed = run_preset_seed(run)
+    return ("" if seed == 0 else f"-s{seed}") if preset == "xs" else f"-{preset}-s{seed}"
 
 
 def long_pairs() -> list[dict]:
     """Cooled branches both arms of a long run finished: RUN/cooldown/ARCH-stepN/final."""
     pairs = []
     for run in long_runs():
-        seed = int(run.name.rsplit("-s", 1)[1])
+        preset, seed = run_preset_seed(run)
         for final in sorted((run / "cooldown").glob("transformer-step*/final")):
             name = final.parent.name.split("-", 1)[1]
             ckpts = {a: run / "cooldown" / f"{a}-{name}" / "final" for a in ARCHS}
             ckpts = {a: rel(p) for a, p in ckpts.items() if (p / "model.safetensors").is_file()}
             if len(ckpts) > 1:
                 tokens = json.loads((final.parent / "train_log.json").read_text())["tokens_seen"]
-                pairs.append({"pair": f"{run.name}-{tokens_label(tokens)}", "run": run.name, "preset": "xs",
+                pairs.append({"pair": f"{run.name}-{tokens_label(tokens)}", "run": run.name, "preset": preset,
                               "seed": seed, "budget": f"{tokens_label(tokens)} @ lr 3e-3", "tokens": tokens,
                               "cooled": True, "checkpoints": ckpts})
     return pairs
@@ -128,10 +139,9 @@ def main() -> None:
     write_outputs(out, results, table5)
     zeroshot(out, [p for p in pairs if p["tokens"] >= args.zeroshot_min_tokens])
     blocks = {}
-    for run in long_runs():  # seed 0 keeps its old file name
-        suffix = "" if run.name.endswith("-s0") else f"-{run.name.rsplit('-', 1)[1]}"
+    for run in long_runs():
         if logs := long_logs(run):
-            plot_tracked(logs, out / f"long-emergence{suffix}.png")
+            plot_tracked(logs, out / f"long-emergence{emergence_suffix(run)}.png")
         if "transformer" in logs and "diff" in logs:
             blocks[run.name] = block_means(logs["transformer"], logs["diff"], EMERGENCE_BLOCK)
     write_emergence(out, blocks)
