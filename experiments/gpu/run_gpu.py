@@ -28,7 +28,8 @@ Steps (each phase has a deadline; the script stops gracefully and evaluates what
 4. **Outputs** under ``--out`` (``diffquant.regime.write_outputs``): ``pairs.json`` (every pair's numbers),
    ``gate.md``, ``table5.md``, ``figure8.md``, ``seeds.md`` (per-seed Transformer/Diff ratios and 4-bit
    degradation differences, two-sided sign tests, the trend over budgets and sizes; ``seeds.json`` the same as
-   records), ``trend.png``, ``zeroshot.md`` / ``zeroshot.json`` (the chance check) and ``summary.json`` (plan,
+   records), ``trend.png``, ``emergence.md`` / ``emergence.json`` (each stable run's tracked outliers in blocks, and
+   whether they have flattened), ``zeroshot.md`` / ``zeroshot.json`` (the chance check) and ``summary.json`` (plan,
    timings, throughput, what the guard skipped).
 
 Granularities: issue 13's three — "tensor" (one scale per sequence; both Diff maps share it), "head" (per
@@ -78,6 +79,7 @@ import torch
 from diffquant.checkpoint.gguf import stories260k_path
 from diffquant.config import ModelConfig
 from diffquant.corpus import heldout_ids, load_corpus
+from diffquant.emergence import block_means
 from diffquant.io import atomic_write_text
 from diffquant.records import read_records
 from diffquant.regime import (
@@ -87,6 +89,7 @@ from diffquant.regime import (
     sweep_path,
     tokens_label,
     verdict,
+    write_emergence,
     write_outputs,
     write_zeroshot,
     zeroshot_check,
@@ -139,6 +142,7 @@ class Plan:
     corpus_seed: int = 0
     deadlines: tuple[float, float, float] = (0.19, 0.78, 0.97)  # corpus, training, evaluation (× time limit)
     threads: int | None = None  # torch CPU threads (None: torch's default)
+    block_points: int = 8  # emergence.md averages blocks of this many tracking intervals
 
     @property
     def tokens_per_step(self) -> int:
@@ -161,6 +165,7 @@ DRY = Plan(
     groups=(Group("xs", 0, (2048, 4096)), Group("xs", 1, (4096,)), Group("s", 0, (2048,)), Group("xs", 0, (8192,))),
     guess_tokens_per_s={"xs/transformer": 1e4, "xs/diff": 8e3, "s/transformer": 4e3, "s/diff": 3e3},
     sweep_limits={"tinystories": 1}, profile_tokens=2048, eval_batch=8, zeroshot_tasks={"copa": 8},
+    block_points=2,
     threads=1)  # more threads than idle cores makes torch's CPU kernels crawl (100x seen on a busy 2-core box)
 
 
@@ -451,6 +456,18 @@ def zeroshot_path(out: Path, pair: dict) -> Path:
 
 # ------------------------------------------------------------------------------------------------ 4. outputs
 
+def emergence_blocks(ctx: Context) -> dict[str, list[dict]]:
+    """Each group's stable runs: tracked top-1 in blocks of ``block_points`` (emergence.md, the flattening rule)."""
+    blocks = {}
+    for group in ctx.plan.groups:
+        logs = [Run(group.preset, group.seed, arch, ctx.out).stable_dir / "train_log.json" for arch in ARCHS]
+        if all(f.is_file() for f in logs):
+            transformer, diff = (json.loads(f.read_text()) for f in logs)
+            block = ctx.plan.block_points * ctx.plan.track_every * ctx.plan.tokens_per_step
+            blocks[f"{group.preset}-s{group.seed}"] = block_means(transformer, diff, block)
+    return blocks
+
+
 def device_name(plan: Plan) -> str:
     return torch.cuda.get_device_name() if plan.device == "cuda" else "cpu"
 
@@ -478,6 +495,7 @@ def run(plan: Plan, out: Path) -> dict:
     results, table5 = evaluate_all(ctx, pairs)
     note = "" if results else "No pair was evaluated (see summary.json: what the time guard skipped).\n"
     write_outputs(out, results, table5, note)
+    write_emergence(out, emergence_blocks(ctx))
     zeroshot = zeroshot_all(ctx, results)
     write_zeroshot(out, zeroshot, lambda v: read_records(zeroshot_path(out, v)))
     times["evaluate"] = round(ctx.clock.elapsed() - times["corpus"] - times["train"], 1)
