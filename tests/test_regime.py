@@ -147,7 +147,9 @@ def test_trend_figure_is_drawn(tmp_path):
     assert plot_trend(series, tmp_path / "trend.png", paper=(8.2, 2.1), scheme="s").stat().st_size > 10_000
 
 
-def test_verdicts_finds_each_long_seeds_cooled_pairs_with_its_seed(tmp_path, monkeypatch):
+@pytest.fixture
+def verdicts_script(tmp_path, monkeypatch):
+    """experiments/campaign/verdicts.py with its run folders under tmp_path."""
     from pathlib import Path
 
     from .helpers import load_script
@@ -155,14 +157,27 @@ def test_verdicts_finds_each_long_seeds_cooled_pairs_with_its_seed(tmp_path, mon
     verdicts = load_script(Path(__file__).resolve().parents[1] / "experiments" / "campaign" / "verdicts.py")
     monkeypatch.setattr(verdicts, "REPO", tmp_path)
     monkeypatch.setattr(verdicts, "LONG_ROOT", tmp_path / "long")
+    monkeypatch.setattr(verdicts, "ABLATION_ROOT", tmp_path / "ablation")
+    return verdicts
+
+
+def cooled(run, arms, branch: str = "step004096", tokens: int = 41943040) -> None:
+    """Stand-ins for the cooled checkpoints of ``arms`` in a run folder."""
+    for arch in arms:
+        final = run / "cooldown" / f"{arch}-{branch}" / "final"
+        final.mkdir(parents=True)
+        (final / "model.safetensors").write_bytes(b"x")
+        (final.parent / "train_log.json").write_text(json.dumps({"tokens_seen": tokens}))
+
+
+def test_verdicts_finds_each_long_seeds_cooled_pairs_with_its_seed(tmp_path, verdicts_script):
+    from pathlib import Path
+
+    verdicts = verdicts_script
     for run, arms in (("xs-lr3e-3-s10", ("transformer", "diff")), ("xs-lr3e-3-s1", ("transformer", "diff")),
                       ("xs-lr3e-3-s2", ("transformer",)),  # seed 2's Diff arm still cooling: no pair
                       ("s-lr3e-3-s0", ("transformer", "diff"))):
-        for arch in arms:
-            final = tmp_path / "long" / run / "cooldown" / f"{arch}-step004096" / "final"
-            final.mkdir(parents=True)
-            (final / "model.safetensors").write_bytes(b"x")
-            (final.parent / "train_log.json").write_text('{"tokens_seen": 41943040}')
+        cooled(tmp_path / "long" / run, arms)
     pairs = verdicts.long_pairs()
     assert [(p["pair"], p["preset"], p["seed"], p["run"]) for p in pairs] == [
         ("s-lr3e-3-s0-41.9M", "s", 0, "s-lr3e-3-s0"), ("xs-lr3e-3-s1-41.9M", "xs", 1, "xs-lr3e-3-s1"),
@@ -171,6 +186,21 @@ def test_verdicts_finds_each_long_seeds_cooled_pairs_with_its_seed(tmp_path, mon
     assert pairs[1]["checkpoints"]["diff"] == "long/xs-lr3e-3-s1/cooldown/diff-step004096/final"
     assert [verdicts.emergence_suffix(run) for run in verdicts.long_runs()] == ["-s-s0", "-s1", "-s2", "-s10"]
     assert verdicts.emergence_suffix(Path("xs-lr3e-3-s0")) == ""  # seed 0 keeps the first figure's name
+
+
+def test_verdicts_pairs_each_ablation_with_its_own_or_the_long_runs_transformer(tmp_path, verdicts_script):
+    cooled(tmp_path / "long" / "xs-lr3e-3-s0", ("transformer", "diff"))
+    cooled(tmp_path / "ablation" / "xs-lr3e-3-s0-lambda0.8", ("diff",))
+    cooled(tmp_path / "ablation" / "xs-lr3e-3-s0-init-default", ("transformer", "diff"))
+    cooled(tmp_path / "ablation" / "xs-lr3e-3-s1-lambda0.8", ("diff",))  # no seed-1 Transformer to pair with
+    pairs = {p["pair"]: p for p in verdicts_script.ablation_pairs()}
+    assert set(pairs) == {"xs-lr3e-3-s0-lambda0.8-41.9M", "xs-lr3e-3-s0-init-default-41.9M"}
+    lam, init = pairs["xs-lr3e-3-s0-lambda0.8-41.9M"], pairs["xs-lr3e-3-s0-init-default-41.9M"]
+    assert lam["checkpoints"] == {"transformer": "long/xs-lr3e-3-s0/cooldown/transformer-step004096/final",
+                                  "diff": "ablation/xs-lr3e-3-s0-lambda0.8/cooldown/diff-step004096/final"}
+    assert init["checkpoints"]["transformer"].startswith("ablation/xs-lr3e-3-s0-init-default/")
+    assert (lam["seed"], lam["preset"]) == (0, "xs") and "λ_init 0.8" in lam["budget"]
+    assert len({lam["budget"], init["budget"], "41.9M @ lr 3e-3"}) == 3  # never pooled with the long seeds
 
 
 def mc_record(arch: str, task: str, share: float, seed: int, n: int = 200, bits: int = 16) -> dict:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Cooldown branches of a long pair (experiments/campaign/long.sh, PRESET and SEED as there): from each state both
-# arms kept at step N (RUN/ARCH/branches/stepN), the same run continues N/4 more steps with the learning rate
-# decaying linearly to 10% (wsd, decay from step N), so the decayed part is the last 20% as in part 1's sweep.
+# Cooldown branches of a long pair (experiments/campaign/long.sh; PRESET, SEED, ARMS, EXTRA as there): from each
+# state both arms kept at step N (RUN/ARCH/branches/stepN), the same run continues N/4 more steps with the
+# learning rate decaying linearly to 10% (wsd, decay from step N), so the decayed part is the last 20% as in part
+# 1's sweep.
 # Output: RUN/cooldown/ARCH-stepN (final/ and train_log.json; the resumable state is dropped once finished).
 # Resumable and idempotent: finished cooldowns are skipped. The two arms of a branch run concurrently.
 set -euo pipefail
@@ -10,6 +11,7 @@ DQ=${DQ:-.venv/bin/diffquant}
 SEED=${SEED:-0}
 PRESET=${PRESET:-xs}
 RUN=${RUN:-experiments/campaign/long/$PRESET-lr3e-3-s$SEED}
+read -ra extra <<< "${EXTRA:-}"  # more train options, as given to long.sh
 cool() {  # one arm's cooldown from branch $2 (step $3)
   local arch=$1 name=$2 step=$3
   local src=$RUN/$arch/branches/$name out=$RUN/cooldown/$arch-$name
@@ -19,14 +21,16 @@ cool() {  # one arm's cooldown from branch $2 (step $3)
   nice -n "${NICE:-5}" "$DQ" train --arch "$arch" --preset "$PRESET" --data experiments/corpus/stories260k-s0 \
     --tokens $(( (step + step / 4) * 16 * 512 )) --out "$out" --batch-size 16 --seq-len 512 --recipe stories260k \
     --lr 3e-3 --seed "$SEED" --schedule wsd --decay-start "$step" --warmup-steps 50 --eval-every 512 \
-    --eval-tokens 65536 --track-every 128 --save-every 128 --threads 1 "${resume[@]}" >> "$out.log" 2>&1
+    --eval-tokens 65536 --track-every 128 --save-every 128 --threads 1 "${extra[@]}" "${resume[@]}" \
+    >> "$out.log" 2>&1
   rm -rf "$out/state"
 }
-for branch in "$RUN"/transformer/branches/step*; do
+arms=(${ARMS:-transformer diff})
+for branch in "$RUN/${arms[0]}"/branches/step*; do
   [ -d "$branch" ] || continue
   name=$(basename "$branch"); step=$((10#${name#step}))
   pids=()
-  for arch in transformer diff; do
+  for arch in "${arms[@]}"; do
     cool "$arch" "$name" "$step" & pids+=($!)
   done
   for pid in "${pids[@]}"; do wait "$pid"; done  # a failed arm fails the script (rerun resumes it)

@@ -5,20 +5,23 @@
 # (experiments/campaign/cooldown.sh).
 # Resumable: rerun to continue from state/.
 #   [SEED=1] [PRESET=s] nohup bash experiments/campaign/long.sh > /dev/null 2>&1 &
+# ARMS (default "transformer diff"), TOKENS (default 251658240) and EXTRA (more train options) serve the
+# ablations (experiments/campaign/ablation.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 DQ=${DQ:-.venv/bin/diffquant}
 SEED=${SEED:-0}
 PRESET=${PRESET:-xs}
 RUN=${RUN:-experiments/campaign/long/$PRESET-lr3e-3-s$SEED}
+read -ra extra <<< "${EXTRA:-}"  # more train options (experiments/campaign/ablation.sh)
 mkdir -p "$RUN"
-for arch in transformer diff; do
+for arch in ${ARMS:-transformer diff}; do
   out=$RUN/$arch
   [ -f "$out/final/model.safetensors" ] && continue
   resume=(); [ -f "$out/state/trainer.json" ] && resume=(--resume)
   nice -n "${NICE:-15}" "$DQ" train --arch "$arch" --preset "$PRESET" --data experiments/corpus/stories260k-s0 \
-    --tokens 251658240 --out "$out" --batch-size 16 --seq-len 512 --recipe stories260k --lr 3e-3 --seed "$SEED" \
-    --schedule constant --warmup-steps 50 --eval-every 512 --eval-tokens 65536 --track-every 128 \
-    --save-every 128 --branch-every 4096 --threads 1 "${resume[@]}" >> "$out.log" 2>&1 &
+    --tokens "${TOKENS:-251658240}" --out "$out" --batch-size 16 --seq-len 512 --recipe stories260k --lr 3e-3 \
+    --seed "$SEED" --schedule constant --warmup-steps 50 --eval-every 512 --eval-tokens 65536 --track-every 128 \
+    --save-every 128 --branch-every 4096 --threads 1 "${extra[@]}" "${resume[@]}" >> "$out.log" 2>&1 &
 done
 wait

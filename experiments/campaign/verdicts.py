@@ -9,7 +9,8 @@ Pairs (identical data order within a pair; every arm is set against the Transfor
   clipped arms (seed 0) from experiments/campaign/short;
 * ``PRESET-lr3e-3-sN-<tokens>``: the long runs' cooled branches (experiments/campaign/long, cooldown.sh; xs seed 0
   is the long run, other seeds stop at earlier branches; the s preset for the size trend);
-* ``xs-real-lr1e-2-s0``: the real-text control, the short protocol on real text (experiments/campaign/realtext.sh).
+* ``xs-real-lr1e-2-s0``: the real-text control, the short protocol on real text (experiments/campaign/realtext.sh);
+* ``xs-lr3e-3-sN-ABLATION-<tokens>``: the ablations (experiments/campaign/ablation.sh), cooled like the long runs.
 
 Every pair is profiled on the real cased TinyStories held-out text (its first 64 windows of 512 tokens as in
 part 1, global protocol, exact medians) and its attention logits swept at 16/8/6/4 bits with three scale
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 from pathlib import Path
 
 from diffquant.config import ARCHS
@@ -50,6 +52,9 @@ CORPUS = REPO / "experiments/corpus/stories260k-s0"
 SHORT_ROOTS = (REPO / "experiments/lr_sweep/runs", REPO / "experiments/campaign/short")
 REAL_ROOT = REPO / "experiments/campaign/realtext"
 LONG_ROOT = REPO / "experiments/campaign/long"
+ABLATION_ROOT = REPO / "experiments/campaign/ablation"
+ABLATION_RUN = re.compile(r"(?P<base>\w+-lr3e-3-s\d+)-(?P<ablation>.+)")  # the long run it ablates, and what
+ABLATIONS = {"lambda0.8": "constant λ_init 0.8", "init-default": "PyTorch default init"}
 SHORT_TOKENS = 736 * 16 * 512
 SEQ_LEN, BATCH = 512, 16
 EMERGENCE_BLOCK = 1024 * BATCH * SEQ_LEN  # tracked points averaged per 8.39M tokens (8 points)
@@ -109,6 +114,29 @@ def long_pairs() -> list[dict]:
     return pairs
 
 
+def ablation_pairs() -> list[dict]:
+    """experiments/campaign/ablation.sh's cooled arms; an ablation without its own Transformer is set against the
+    long run's Transformer of the same seed and branch (same data order)."""
+    pairs = []
+    for run in sorted(ABLATION_ROOT.glob("*")):
+        if not (named := ABLATION_RUN.fullmatch(run.name)):
+            continue
+        base, ablation = named["base"], named["ablation"]
+        preset, seed = run_preset_seed(LONG_ROOT / base)
+        for final in sorted((run / "cooldown").glob("diff-step*/final")):
+            name = final.parent.name.split("-", 1)[1]
+            ckpts = {a: run / "cooldown" / f"{a}-{name}" / "final" for a in ARCHS}
+            if not (ckpts["transformer"] / "model.safetensors").is_file():
+                ckpts["transformer"] = LONG_ROOT / base / "cooldown" / f"transformer-{name}" / "final"
+            ckpts = {a: rel(p) for a, p in ckpts.items() if (p / "model.safetensors").is_file()}
+            if "transformer" in ckpts and len(ckpts) > 1:
+                tokens = json.loads((final.parent / "train_log.json").read_text())["tokens_seen"]
+                label = f"{tokens_label(tokens)} @ lr 3e-3, {ABLATIONS.get(ablation, ablation)}"
+                pairs.append({"pair": f"{run.name}-{tokens_label(tokens)}", "run": run.name, "preset": preset,
+                              "seed": seed, "budget": label, "tokens": tokens, "cooled": True, "checkpoints": ckpts})
+    return pairs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="experiments/results/regime")
@@ -125,7 +153,8 @@ def main() -> None:
     out = Path(args.out)
     ids = heldout_ids(Tokenizer.load(CORPUS / "tokenizer.model"))
     tasks = {"tinystories": args.windows, "test": args.windows}
-    pairs = [p for p in short_pairs() + long_pairs() + real_pairs() if args.only is None or args.only in p["pair"]]
+    pairs = [p for p in short_pairs() + long_pairs() + real_pairs() + ablation_pairs()
+             if args.only is None or args.only in p["pair"]]
     results, table5 = [], {}
     for pair in pairs:
         logging.info("pair %s: %s", pair["pair"], ", ".join(pair["checkpoints"]))

@@ -1,0 +1,67 @@
+"""The campaign's shell scripts hand the right options to `diffquant train` (a stand-in records each call)."""
+
+import os
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+CAMPAIGN = Path(__file__).resolve().parents[1] / "experiments" / "campaign"
+FAKE_TRAIN = """#!/usr/bin/env bash
+echo "$*" >> "$CALLS"
+shift  # "train"
+while [ $# -gt 0 ]; do
+  case $1 in --out) out=$2; shift ;; --branch-from) branch=$2; shift ;; esac
+  shift
+done
+mkdir -p "$out/final" && touch "$out/final/model.safetensors"
+[ -n "${branch:-}" ] || mkdir -p "$out/branches/step004096"  # a stable run keeps its branch
+"""
+
+
+def run_script(tmp_path: Path, script: str, **env: str) -> list[list[str]]:
+    """Run a campaign script with RUN under tmp_path and the stand-in for `diffquant`; the train calls it made."""
+    fake, calls = tmp_path / "dq", tmp_path / "calls"
+    fake.write_text(FAKE_TRAIN)
+    fake.chmod(0o755)
+    base = {k: v for k, v in os.environ.items() if k not in ("EXTRA", "ARMS", "TOKENS", "SEED", "PRESET")}
+    env = {**base, "DQ": str(fake), "CALLS": str(calls), "RUN": str(tmp_path / "run"), **env}
+    subprocess.run(["bash", str(CAMPAIGN / script)], env=env, check=True, capture_output=True)
+    return [shlex.split(line) for line in calls.read_text().splitlines()]
+
+
+def option(call: list[str], name: str) -> str:
+    return call[call.index(name) + 1]
+
+
+@pytest.mark.parametrize("ablation, arms, extra", [("lambda0.8", ["diff"], ["--lambda-init", "0.8"]),
+                                                   ("init-default", ["transformer", "diff"], ["--init", "default"])])
+def test_ablation_trains_to_the_first_branch_then_cools_it(tmp_path, ablation, arms, extra):
+    calls = run_script(tmp_path, "ablation.sh", ABLATION=ablation)
+    stable, cooled = calls[:len(arms)], calls[len(arms):]
+    assert sorted(option(c, "--arch") for c in stable) == sorted(arms) == sorted(option(c, "--arch") for c in cooled)
+    for call in stable:
+        assert int(option(call, "--tokens")) == (4096 + 128) * 16 * 512 and option(call, "--schedule") == "constant"
+        assert " ".join(extra) in " ".join(call) and option(call, "--seed") == "0"
+    for call in cooled:
+        arch = option(call, "--arch")
+        assert option(call, "--branch-from") == str(tmp_path / "run" / arch / "branches" / "step004096")
+        assert int(option(call, "--tokens")) == 5120 * 16 * 512 and option(call, "--decay-start") == "4096"
+        assert " ".join(extra) in " ".join(call)
+    assert all((tmp_path / "run" / "cooldown" / f"{a}-step004096" / "final").is_dir() for a in arms)
+
+
+def test_ablation_refuses_an_unknown_name(tmp_path):
+    env = {**os.environ, "ABLATION": "lambda0.5", "RUN": str(tmp_path / "run")}
+    done = subprocess.run(["bash", str(CAMPAIGN / "ablation.sh")], env=env, capture_output=True, text=True)
+    assert done.returncode == 2 and "lambda0.8 or init-default" in done.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_long_run_defaults_train_both_arms_to_the_full_budget(tmp_path):
+    calls = run_script(tmp_path, "long.sh", SEED="3")
+    assert sorted(option(c, "--arch") for c in calls) == ["diff", "transformer"]
+    for call in calls:
+        assert option(call, "--tokens") == "251658240" and option(call, "--seed") == "3"
+        assert option(call, "--preset") == "xs" and "--lambda-init" not in call and "--init" not in call
