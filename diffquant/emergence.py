@@ -13,6 +13,7 @@ from .kinds import ATTN_LOGITS, HIDDEN
 
 CURVES = (ATTN_LOGITS, HIDDEN)
 FLAT_CHANGE = 0.05  # relative change of a block mean, last block against the one before
+BLOCK_KEYS = ("arm", "other", "ratio")  # per site: each arm's block mean, and their ratio
 
 
 def max_over_layers(point: list[dict], site: str, key: str = "top1") -> float | None:
@@ -64,16 +65,17 @@ def last_changes(blocks: list[dict]) -> dict[str, float] | None:
     before, last = blocks[-2], blocks[-1]
     changes = {}
     for site in CURVES:
-        for key in ("arm", "other", "ratio"):
+        for key in BLOCK_KEYS:
             a, b = before[site][key], last[site][key]
             if a and b is not None:
                 changes[f"{site}/{key}"] = b / a - 1
     return changes
 
 
-def has_flattened(blocks: list[dict], limit: float = FLAT_CHANGE) -> bool | None:
-    """True when every curve's last block mean is within ``limit`` of the block before; None if undecided."""
+def has_flattened(blocks: list[dict], limit: float = FLAT_CHANGE, keys: tuple[str, ...] = BLOCK_KEYS) -> bool | None:
+    """True when every curve's last block mean is within ``limit`` of the block before; None if undecided.
+    ``keys`` picks the curves: ``("ratio",)`` asks only whether the two arms' ratios have levelled off."""
     changes = last_changes(blocks)
     if not changes:
         return None
-    return all(abs(c) < limit for c in changes.values())
+    return all(abs(c) < limit for name, c in changes.items() if name.split("/")[1] in keys)

@@ -24,7 +24,7 @@ from scipy.stats import t as student_t
 
 from .chance import PREDICTION, above_chance
 from .checkpoint import load_checkpoint
-from .emergence import CURVES, FLAT_CHANGE, has_flattened, last_changes
+from .emergence import BLOCK_KEYS, CURVES, FLAT_CHANGE, has_flattened, last_changes
 from .io import atomic_write_text
 from .kinds import ATTN_LOGITS, HIDDEN, SEQUENCE
 from .plots import plot_trend as draw_trend
@@ -308,13 +308,14 @@ def emergence_table(runs: dict[str, list[dict]]) -> str:
         for b in blocks:
             rows.append([run, f"{tokens_label(b['tokens_from'])}–{tokens_label(b['tokens_to'])}", b["points"],
                          *(fmt(b[site][key], 2 if key == "ratio" else 1) for site in CURVES
-                           for key in ("arm", "other", "ratio"))])
+                           for key in BLOCK_KEYS)])
         if changes := last_changes(blocks):
             rows.append([run, "last block's change", "",
                          *(f"{changes[f'{site}/{key}']:+.1%}" if f"{site}/{key}" in changes else "—"
-                           for site in CURVES for key in ("arm", "other", "ratio"))])
-            rows.append([run, f"flattened (every |change| < {FLAT_CHANGE:.0%})", "",
-                         "yes" if has_flattened(blocks) else "no", *[""] * (3 * len(CURVES) - 1)])
+                           for site in CURVES for key in BLOCK_KEYS)])
+            for what, keys in (("every curve", BLOCK_KEYS), ("the ratios", ("ratio",))):
+                rows.append([run, f"flattened: {what} (|change| < {FLAT_CHANGE:.0%})", "",
+                             "yes" if has_flattened(blocks, keys=keys) else "no", *[""] * (3 * len(CURVES) - 1)])
     header = ["run", "training tokens", "points", "logit top-1 T", "logit top-1 other", "T/other",
               "hidden top-1 T", "hidden top-1 other", "T/other"]
     return render(header, rows)

@@ -56,6 +56,9 @@ def test_flattening_rule_on_a_levelled_and_a_growing_curve():
     expected = (5 + 4 * np.arange(16, 24)).mean() / (5 + 4 * np.arange(8, 16)).mean() - 1
     assert changes["hidden/arm"] == pytest.approx(expected) and changes["hidden/ratio"] == pytest.approx(expected)
     assert abs(changes["attn_logits/arm"]) < 0.05 and has_flattened(rising) is False
+    assert has_flattened(rising, keys=("ratio",)) is False  # the other arm is flat, so the ratio grows too
+    both_rising = block_means(train_log(level, growing), train_log(other, growing), block_tokens=800)
+    assert has_flattened(both_rising) is False and has_flattened(both_rising, keys=("ratio",)) is True
     assert has_flattened(rising[:1]) is None and last_changes([]) is None
 
 
@@ -68,7 +71,8 @@ def test_emergence_table_and_files(tmp_path):
     runs = {"run-a": block_means(train_log(growing, growing), train_log(other, other), block_tokens=800)}
     text = emergence_table(runs)
     change = (10 + 2 * np.arange(8, 16)).mean() / (10 + 2 * np.arange(8)).mean() - 1
-    assert f"{change:+.1%}" in text and "| no " in text and "0–800" in text
+    assert f"{change:+.1%}" in text and "0–800" in text
+    assert "flattened: every curve" in text and "flattened: the ratios" in text and "| no " in text
     write_emergence(tmp_path, runs)
     assert (tmp_path / "emergence.md").read_text().strip() == text
     assert '"run-a"' in (tmp_path / "emergence.json").read_text()
