@@ -148,6 +148,8 @@ def main() -> None:
     parser.add_argument("--zeroshot-min-tokens", type=float, default=80e6,
                         help="zero-shot chance tests on pairs trained on at least this many tokens (the best-trained: "
                         "if they are at chance, so are the others)")
+    parser.add_argument("--no-zeroshot", action="store_true",
+                        help="skip the zero-shot step (~12 minutes a pair on 2 cores): zeroshot.md stays as it is")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     out = Path(args.out)
@@ -166,7 +168,8 @@ def main() -> None:
         records = sweep_pair(pair, sweep_path(out, pair), tasks, batch_size=BATCH)
         results.append(verdict(pair, known, records))
     write_outputs(out, results, table5)
-    zeroshot(out, [p for p in pairs if p["tokens"] >= args.zeroshot_min_tokens])
+    if not args.no_zeroshot:
+        zeroshot(out, [p for p in pairs if p["tokens"] >= args.zeroshot_min_tokens])
     blocks = {}
     for run in long_runs():
         if logs := long_logs(run):
