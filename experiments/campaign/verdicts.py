@@ -16,8 +16,8 @@ Every pair is profiled on the real cased TinyStories held-out text (its first 64
 part 1, global protocol, exact medians) and its attention logits swept at 16/8/6/4 bits with three scale
 granularities on that text and on the held-out books (the first 48 windows of 512 tokens of each). The
 best-trained pairs are also scored zero-shot (regime.ZEROSHOT_TASKS) and swept only on the tasks where every arm
-is above chance (diffquant.chance; zeroshot.md). Each long run's tracked outliers are averaged in blocks of 8.39M tokens
-with the flattening rule of diffquant.emergence (emergence.md).
+is above chance (diffquant.chance; zeroshot.md). Each long run's tracked outliers are averaged in blocks of
+8.39M tokens with the flattening rule of diffquant.emergence (emergence.md).
 Resumable: finished profiles and sweep cells are kept under --out and skipped on a rerun.
 """
 
@@ -97,21 +97,33 @@ def emergence_suffix(run: Path) -> str:
     return ("" if seed == 0 else f"-s{seed}") if preset == "xs" else f"-{preset}-s{seed}"
 
 
+def cooled_pair(run: Path, branch: str, ckpts: dict[str, Path], preset: str, seed: int,
+                what: str = "") -> dict | None:
+    """The pair of a run's cooled branch (``stepN``) from the arms whose checkpoints exist, or None without a
+    Transformer and another arm; ``what`` extends the budget label (an ablation is never pooled with others)."""
+    ckpts = {a: rel(p) for a, p in ckpts.items() if (p / "model.safetensors").is_file()}
+    if "transformer" not in ckpts or len(ckpts) < 2:
+        return None
+    log = run / "cooldown" / f"{next(a for a in ckpts if a != 'transformer')}-{branch}" / "train_log.json"
+    tokens = json.loads(log.read_text())["tokens_seen"]
+    return {"pair": f"{run.name}-{tokens_label(tokens)}", "run": run.name, "preset": preset, "seed": seed,
+            "budget": f"{tokens_label(tokens)} @ lr 3e-3{what}", "tokens": tokens, "cooled": True,
+            "checkpoints": ckpts}
+
+
+def cooled_branches(run: Path, arch: str) -> list[str]:
+    """The branches (``stepN``) ``arch`` has finished cooling in a run."""
+    return [final.parent.name.split("-", 1)[1] for final in sorted((run / "cooldown").glob(f"{arch}-step*/final"))]
+
+
 def long_pairs() -> list[dict]:
     """Cooled branches both arms of a long run finished: RUN/cooldown/ARCH-stepN/final."""
     pairs = []
     for run in long_runs():
-        preset, seed = run_preset_seed(run)
-        for final in sorted((run / "cooldown").glob("transformer-step*/final")):
-            name = final.parent.name.split("-", 1)[1]
-            ckpts = {a: run / "cooldown" / f"{a}-{name}" / "final" for a in ARCHS}
-            ckpts = {a: rel(p) for a, p in ckpts.items() if (p / "model.safetensors").is_file()}
-            if len(ckpts) > 1:
-                tokens = json.loads((final.parent / "train_log.json").read_text())["tokens_seen"]
-                pairs.append({"pair": f"{run.name}-{tokens_label(tokens)}", "run": run.name, "preset": preset,
-                              "seed": seed, "budget": f"{tokens_label(tokens)} @ lr 3e-3", "tokens": tokens,
-                              "cooled": True, "checkpoints": ckpts})
-    return pairs
+        for branch in cooled_branches(run, "transformer"):
+            ckpts = {a: run / "cooldown" / f"{a}-{branch}" / "final" for a in ARCHS}
+            pairs.append(cooled_pair(run, branch, ckpts, *run_preset_seed(run)))
+    return [p for p in pairs if p]
 
 
 def ablation_pairs() -> list[dict]:
@@ -121,20 +133,14 @@ def ablation_pairs() -> list[dict]:
     for run in sorted(ABLATION_ROOT.glob("*")):
         if not (named := ABLATION_RUN.fullmatch(run.name)):
             continue
-        base, ablation = named["base"], named["ablation"]
-        preset, seed = run_preset_seed(LONG_ROOT / base)
-        for final in sorted((run / "cooldown").glob("diff-step*/final")):
-            name = final.parent.name.split("-", 1)[1]
-            ckpts = {a: run / "cooldown" / f"{a}-{name}" / "final" for a in ARCHS}
+        base = LONG_ROOT / named["base"]
+        for branch in cooled_branches(run, "diff"):
+            ckpts = {a: run / "cooldown" / f"{a}-{branch}" / "final" for a in ARCHS}
             if not (ckpts["transformer"] / "model.safetensors").is_file():
-                ckpts["transformer"] = LONG_ROOT / base / "cooldown" / f"transformer-{name}" / "final"
-            ckpts = {a: rel(p) for a, p in ckpts.items() if (p / "model.safetensors").is_file()}
-            if "transformer" in ckpts and len(ckpts) > 1:
-                tokens = json.loads((final.parent / "train_log.json").read_text())["tokens_seen"]
-                label = f"{tokens_label(tokens)} @ lr 3e-3, {ABLATIONS.get(ablation, ablation)}"
-                pairs.append({"pair": f"{run.name}-{tokens_label(tokens)}", "run": run.name, "preset": preset,
-                              "seed": seed, "budget": label, "tokens": tokens, "cooled": True, "checkpoints": ckpts})
-    return pairs
+                ckpts["transformer"] = base / "cooldown" / f"transformer-{branch}" / "final"
+            what = f", {ABLATIONS.get(named['ablation'], named['ablation'])}"
+            pairs.append(cooled_pair(run, branch, ckpts, *run_preset_seed(base), what=what))
+    return [p for p in pairs if p]
 
 
 def main() -> None:

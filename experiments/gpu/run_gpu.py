@@ -458,13 +458,13 @@ def zeroshot_path(out: Path, pair: dict) -> Path:
 
 def emergence_blocks(ctx: Context) -> dict[str, list[dict]]:
     """Each group's stable runs: tracked top-1 in blocks of ``block_points`` (emergence.md, the flattening rule)."""
+    block = ctx.plan.block_points * ctx.plan.track_every * ctx.plan.tokens_per_step
     blocks = {}
-    for group in ctx.plan.groups:
-        logs = [Run(group.preset, group.seed, arch, ctx.out).stable_dir / "train_log.json" for arch in ARCHS]
+    for preset, seed in dict.fromkeys((g.preset, g.seed) for g in ctx.plan.groups):  # a run can serve two groups
+        logs = [Run(preset, seed, arch, ctx.out).stable_dir / "train_log.json" for arch in ARCHS]
         if all(f.is_file() for f in logs):
             transformer, diff = (json.loads(f.read_text()) for f in logs)
-            block = ctx.plan.block_points * ctx.plan.track_every * ctx.plan.tokens_per_step
-            blocks[f"{group.preset}-s{group.seed}"] = block_means(transformer, diff, block)
+            blocks[f"{preset}-s{seed}"] = block_means(transformer, diff, block)
     return blocks
 
 
