@@ -210,7 +210,7 @@ def restore_optimizer(opt: torch.optim.AdamW, moments: dict[str, torch.Tensor]) 
 def train(
     model_cfg: ModelConfig, cfg: TrainConfig, out: str | Path, train_data: np.ndarray, val_data: np.ndarray,
     resume: bool = False, init_from: str | Path | None = None, provenance: dict | None = None,
-    branch_from: str | Path | None = None, files: dict[str, Path] | None = None,
+    branch_from: str | Path | None = None, files: dict[str, Path] | None = None, stop_at: int | None = None,
 ) -> dict:
     """Train into ``out`` (state/, snapshots/, final/, branches/, train_log.json) and return the log as a dict.
 
@@ -218,10 +218,15 @@ def train(
     a checkpoint (e.g. a shipped model, to train it further); ``branch_from`` starts a new run from a saved
     state (``RUN/branches/stepN``) and continues its step count, optimizer and history — with a ``wsd``
     schedule whose ``decay_start`` is that step this is a cooldown branch. ``files`` (name -> path, e.g. the
-    tokenizer) are copied into every checkpoint the run writes.
+    tokenizer) are copied into every checkpoint the run writes. ``stop_at`` ends this call after that step
+    with the resumable state saved and no final checkpoint: the schedule is still ``cfg``'s, so a resume
+    continues as if uninterrupted (a campaign stops at a branch to cool it, then goes on).
     """
     out = Path(out)
     device = cfg.device
+    if stop_at is not None and stop_at <= 0:
+        raise ValueError(f"stop_at must be a positive step, not {stop_at}")
+    end = cfg.steps if stop_at is None else min(stop_at, cfg.steps)
     if resume:
         model, moments, start, history = load_state(out, device)
         _check_same_model(model.config, model_cfg, out / STATE_DIR)
@@ -254,7 +259,7 @@ def train(
     if start == 0 and cfg.track_every:
         _track(model, track, history, 0, cfg)
     try:
-        for step in range(start, cfg.steps):
+        for step in range(start, end):
             loss = _train_step(model, opt, cfg, train_data, step)
             history["train_loss"].append(round(loss, 6))
             done = step + 1
@@ -292,9 +297,23 @@ def train(
         raise
     finally:
         bar.close()
+    if end < cfg.steps:
+        if start < end:
+            history["wall_s"] = wall_before + time.time() - t_start
+        return _pause(out, log_base, history, start, end, save)
     save_checkpoint(model, out / FINAL_DIR, overwrite=True, dtype=torch.float16, files=files,
                     metadata={"step": str(cfg.steps), "tokens": str(cfg.steps * cfg.batch_size * cfg.seq_len)})
     return _write_log(out, log_base, history, cfg.steps)
+
+
+def _pause(out: Path, log_base: dict, history: dict, start: int, end: int, save) -> dict:
+    """Leave a run at step ``end`` (before its budget) with its state saved, or as it was if already past."""
+    if start >= end:
+        log.info("%s is at step %d, not before step %d: nothing to train", out, start, end)
+        return _write_log(out, log_base, history, start)
+    save(end, out / STATE_DIR)
+    log.info("stopped at step %d; the run continues with resume", end)
+    return _write_log(out, log_base, history, end)
 
 
 def _check_same_model(saved: ModelConfig, requested: ModelConfig, where: Path) -> None:

@@ -65,3 +65,10 @@ def test_long_run_defaults_train_both_arms_to_the_full_budget(tmp_path):
     for call in calls:
         assert option(call, "--tokens") == "251658240" and option(call, "--seed") == "3"
         assert option(call, "--preset") == "xs" and "--lambda-init" not in call and "--init" not in call
+        assert "--stop-at" not in call
+
+
+def test_long_run_stops_both_arms_at_the_step_asked(tmp_path):
+    calls = run_script(tmp_path, "long.sh", UNTIL="16384")
+    assert len(calls) == 2 and all(option(c, "--stop-at") == "16384" for c in calls)
+    assert all(option(c, "--tokens") == "251658240" for c in calls)  # the schedule stays the full run's

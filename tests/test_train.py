@@ -66,6 +66,23 @@ def test_resume_after_interrupt_is_bit_identical(tmp_path, shakespeare_bytes, mo
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_stop_at_then_resume_is_bit_identical(tmp_path, shakespeare_bytes):
+    train_ids, val_ids = shakespeare_bytes
+    cfg = ModelConfig.preset("tiny", arch="diff", attn_impl="sdpa")
+    run_cfg = tiny_run(tokens=16 * 8 * 32, schedule="cosine", save_every=4)
+    straight = train(cfg, run_cfg, tmp_path / "a", train_ids, val_ids)
+    paused = train(cfg, run_cfg, tmp_path / "b", train_ids, val_ids, stop_at=7)
+    assert paused["step"] == 7 and len(paused["history"]["train_loss"]) == 7
+    assert not (tmp_path / "b" / "final").exists() and tr.load_state(tmp_path / "b", "cpu")[2] == 7
+    again = train(cfg, run_cfg, tmp_path / "b", train_ids, val_ids, resume=True, stop_at=5)  # already past: no-op
+    assert again["step"] == 7 and tr.load_state(tmp_path / "b", "cpu")[2] == 7
+    resumed = train(cfg, run_cfg, tmp_path / "b", train_ids, val_ids, resume=True)
+    assert resumed["history"]["train_loss"] == straight["history"]["train_loss"]
+    a = load_checkpoint(tmp_path / "a" / "final").state_dict()
+    b = load_checkpoint(tmp_path / "b" / "final").state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_init_from_continues_from_given_weights(tmp_path, shakespeare_bytes):
     train_ids, val_ids = shakespeare_bytes
     cfg = ModelConfig.preset("tiny", attn_impl="sdpa")
@@ -105,6 +122,8 @@ def test_bad_inputs(tmp_path, shakespeare_bytes, capsys):
     with pytest.raises(FileExistsError, match="not empty"):
         train(ModelConfig.preset("tiny"), tiny_run(), tmp_path / "busy", train_ids, val_ids)
     assert (tmp_path / "busy" / "x").read_text() == "keep me"
+    with pytest.raises(ValueError, match="positive step"):
+        train(ModelConfig.preset("tiny"), tiny_run(), tmp_path / "r", train_ids, val_ids, stop_at=0)
     assert main(["train", "--arch", "diff", "--preset", "huge", "--tokens", "10000", "--out", str(tmp_path / "o")]) == 2
     assert "unknown preset" in capsys.readouterr().err
     assert main(["train", "--arch", "diff", "--preset", "tiny", "--tokens", "5", "--out", str(tmp_path / "o")]) == 2

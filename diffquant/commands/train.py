@@ -50,6 +50,9 @@ def register(sub) -> None:
     p.add_argument("--track-every", type=int, default=0, help="log per-layer outliers every N steps")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--resume", action="store_true", help="continue the run saved in --out")
+    p.add_argument("--stop-at", type=int, default=None, metavar="STEP",
+                   help="end after this step with the resumable state saved (the schedule is still --tokens'; "
+                        "continue with --resume)")
     p.add_argument("--init-from", default=None, help="start from this checkpoint's weights (train further)")
     p.set_defaults(func=run)
 
@@ -91,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     train_ids, val_ids, provenance, files = _data(args, model_cfg)
     provenance["command"] = "diffquant " + " ".join(sys.argv[1:])
     record = train(model_cfg, cfg, args.out, train_ids, val_ids, resume=args.resume, init_from=args.init_from,
-                   provenance=provenance, branch_from=args.branch_from, files=files)
+                   provenance=provenance, branch_from=args.branch_from, files=files, stop_at=args.stop_at)
     val = record["history"]["val"]
     print(json.dumps({"out": str(args.out), "steps": record["step"], "tokens": record["tokens_seen"],
                       "validation_loss": val[-1]["loss"] if val else None}, indent=2))

@@ -3,8 +3,8 @@
 # 0): both arms at once (one core each, identical data order), lr 3e-3 held constant after warm-up to 30,720
 # steps (251.7M tokens), a resumable branch every 4,096 steps (33.6M tokens) for cooldowns
 # (experiments/campaign/cooldown.sh).
-# Resumable: rerun to continue from state/.
-#   [SEED=1] [PRESET=s] nohup bash experiments/campaign/long.sh > /dev/null 2>&1 &
+# Resumable: rerun to continue from state/. UNTIL=N stops both arms after step N (a branch step: then cool it).
+#   [SEED=1] [PRESET=s] [UNTIL=16384] nohup bash experiments/campaign/long.sh > /dev/null 2>&1 &
 # ARMS (default "transformer diff"), TOKENS (default 251658240) and EXTRA (more train options) serve the
 # ablations (experiments/campaign/ablation.sh).
 set -euo pipefail
@@ -14,6 +14,7 @@ SEED=${SEED:-0}
 PRESET=${PRESET:-xs}
 RUN=${RUN:-experiments/campaign/long/$PRESET-lr3e-3-s$SEED}
 read -ra extra <<< "${EXTRA:-}"  # more train options (experiments/campaign/ablation.sh)
+stop=(); [ -n "${UNTIL:-}" ] && stop=(--stop-at "$UNTIL")
 mkdir -p "$RUN"
 for arch in ${ARMS:-transformer diff}; do
   out=$RUN/$arch
@@ -22,6 +23,6 @@ for arch in ${ARMS:-transformer diff}; do
   nice -n "${NICE:-15}" "$DQ" train --arch "$arch" --preset "$PRESET" --data experiments/corpus/stories260k-s0 \
     --tokens "${TOKENS:-251658240}" --out "$out" --batch-size 16 --seq-len 512 --recipe stories260k --lr 3e-3 \
     --seed "$SEED" --schedule constant --warmup-steps 50 --eval-every 512 --eval-tokens 65536 --track-every 128 \
-    --save-every 128 --branch-every 4096 --threads 1 "${extra[@]}" "${resume[@]}" >> "$out.log" 2>&1 &
+    --save-every 128 --branch-every 4096 --threads 1 "${extra[@]}" "${resume[@]}" "${stop[@]}" >> "$out.log" 2>&1 &
 done
 wait
