@@ -25,7 +25,7 @@ def run_script(tmp_path: Path, script: str, **env: str) -> list[list[str]]:
     fake, calls = tmp_path / "dq", tmp_path / "calls"
     fake.write_text(FAKE_TRAIN)
     fake.chmod(0o755)
-    base = {k: v for k, v in os.environ.items() if k not in ("EXTRA", "ARMS", "TOKENS", "SEED", "PRESET")}
+    base = {k: v for k, v in os.environ.items() if k not in ("EXTRA", "ARMS", "TOKENS", "SEED", "PRESET", "UNTIL")}
     env = {**base, "DQ": str(fake), "CALLS": str(calls), "RUN": str(tmp_path / "run"), **env}
     subprocess.run(["bash", str(CAMPAIGN / script)], env=env, check=True, capture_output=True)
     return [shlex.split(line) for line in calls.read_text().splitlines()]
@@ -42,7 +42,8 @@ def test_ablation_trains_to_the_first_branch_then_cools_it(tmp_path, ablation, a
     stable, cooled = calls[:len(arms)], calls[len(arms):]
     assert sorted(option(c, "--arch") for c in stable) == sorted(arms) == sorted(option(c, "--arch") for c in cooled)
     for call in stable:
-        assert int(option(call, "--tokens")) == (4096 + 128) * 16 * 512 and option(call, "--schedule") == "constant"
+        assert option(call, "--tokens") == "251658240" and option(call, "--schedule") == "constant"
+        assert option(call, "--stop-at") == "4096"
         assert " ".join(extra) in " ".join(call) and option(call, "--seed") == "0"
     for call in cooled:
         arch = option(call, "--arch")

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 13's ablations (run 5), one seed (SEED, default 0), trained exactly like the long pair
-# (experiments/campaign/long.sh) to its first branch (4,096 steps, 33.6M tokens) and cooled to 41.9M
-# (cooldown.sh). ABLATION picks one:
+# (experiments/campaign/long.sh, the same full-length schedule) to its first branch (UNTIL, default 4,096 steps =
+# 33.6M tokens) and cooled to 41.9M (cooldown.sh); UNTIL=8192 continues it to the next branch and cools that.
+# ABLATION picks one:
 #   lambda0.8     Diff with a constant λ_init = 0.8 in every layer (the paper's schedule is 0.8 - 0.6·e^(-0.3·l));
 #                 only the Diff arm: verdicts.py pairs it with the long run's Transformer of the same seed and branch
 #   init-default  both arms with PyTorch's default Linear initialisation (the official Diff code's) instead of
@@ -16,7 +17,6 @@ case "${ABLATION:-}" in
   init-default) export ARMS="transformer diff" EXTRA="--init default" ;;
   *) echo "ablation.sh: set ABLATION to lambda0.8 or init-default" >&2; exit 2 ;;
 esac
-# 128 steps past the branch: a run keeps branches only before its last step
-export SEED RUN=${RUN:-experiments/campaign/ablation/xs-lr3e-3-s$SEED-$ABLATION} TOKENS=$(( (4096 + 128) * 16 * 512 ))
+export SEED RUN=${RUN:-experiments/campaign/ablation/xs-lr3e-3-s$SEED-$ABLATION} UNTIL=${UNTIL:-4096}
 bash experiments/campaign/long.sh
 bash experiments/campaign/cooldown.sh
