@@ -1,5 +1,6 @@
 """The campaign's shell scripts hand the right options to `diffquant train` (a stand-in records each call)."""
 
+import json
 import os
 import shlex
 import subprocess
@@ -73,3 +74,34 @@ def test_long_run_stops_both_arms_at_the_step_asked(tmp_path):
     calls = run_script(tmp_path, "long.sh", UNTIL="16384")
     assert len(calls) == 2 and all(option(c, "--stop-at") == "16384" for c in calls)
     assert all(option(c, "--tokens") == "251658240" for c in calls)  # the schedule stays the full run's
+
+
+def fake_arm(run: Path, arch: str, step: int, branches: dict[int, str]) -> None:
+    """A stable arm at ``step`` with branches whose cooldowns are 'done', 'running' or ''."""
+    state = run / arch / "state"
+    state.mkdir(parents=True)
+    config = {"tokens": 64 * 16 * 512, "batch_size": 16, "seq_len": 512}
+    (state / "trainer.json").write_text(json.dumps({"step": step, "train_config": config, "history": {}}))
+    for branch, cooldown in branches.items():
+        (run / arch / "branches" / f"step{branch:06d}").mkdir(parents=True)
+        out = run / "cooldown" / f"{arch}-step{branch:06d}"
+        if cooldown:
+            part = out / ("final/model.safetensors" if cooldown == "done" else "state/trainer.json")
+            part.parent.mkdir(parents=True)
+            part.write_text("")
+
+
+def test_status_reports_steps_branches_and_cooldowns(tmp_path):
+    from .helpers import load_script
+
+    status = load_script(CAMPAIGN / "status.py")
+    fake_arm(tmp_path / "long" / "xs-s0", "transformer", 40, {16: "done", 32: "running"})
+    fake_arm(tmp_path / "long" / "xs-s0", "diff", 33, {16: "done", 32: ""})
+    fake_arm(tmp_path / "ablation" / "xs-s0-lambda0.8", "diff", 16, {16: ""})
+    rows = status.campaign_status(tmp_path)
+    assert [(r["run"], r["arch"], r["step"], r["steps"]) for r in rows] == [
+        ("xs-s0", "transformer", 40, 64), ("xs-s0", "diff", 33, 64), ("xs-s0-lambda0.8", "diff", 16, 64)]
+    assert (rows[0]["cooled"], rows[0]["cooling"], rows[0]["uncooled"]) == ([16], [32], [])
+    assert (rows[1]["cooled"], rows[1]["cooling"], rows[1]["uncooled"]) == ([16], [], [32])
+    line = status.table(rows).splitlines()[2]  # 16 + 4 steps of 8,192 tokens = 0.16M; 40 steps = 0.33M
+    assert line == "| xs-s0 | transformer | 40 (0.3M) | 64 | 0.2M | 0.3M | - | 24 |"
