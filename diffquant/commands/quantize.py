@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     from ..checkpoint import check_writable, load_checkpoint, save_quantized
     from ..checkpoint.packed import fp16_file_bytes
     from ..hf_native import is_native_hf
-    from ..quant import ActQuant, QuantConfig, WeightQuant, quantize_
+    from ..quant import QuantConfig, WeightQuant, quantize_
 
     source, out = Path(args.checkpoint), Path(args.out)  # the CLI refused an --out over, in or around the source
     if not source.exists():
@@ -66,8 +66,8 @@ def run(args: argparse.Namespace) -> int:
             args.weights, bits=args.bits, group_size=args.group_size, symmetric=not args.asymmetric,
             grid=args.grid, act_order=args.act_order, damp=args.damp, threshold=args.threshold,
             embeddings=args.embeddings),
-        activations=None if args.act_bits is None else ActQuant(args.act_bits, args.act_granularity),
-        logits=None if args.logit_bits is None else ActQuant(args.logit_bits, args.logit_granularity),
+        activations=_act_quant(args.act_bits, args.act_granularity, "--act-bits"),
+        logits=_act_quant(args.logit_bits, args.logit_granularity, "--logit-bits"),
     )
     if args.weights == "none" and (args.bits is not None or args.group_size is not None):
         raise UserError("--bits/--group-size need --weights rtn|gptq")
@@ -143,3 +143,15 @@ def _summary(source: Path, out: Path, config, fp16_bytes: int, calib_info: dict,
         "folder_bytes": sum(p.stat().st_size for p in out.iterdir() if p.is_file()),
         "seconds": round(seconds, 2), "calibration": calib_info or None,
     }
+
+
+def _act_quant(bits: int | None, granularity: str, option: str):
+    """The dynamic quantizer an option asks for (None: not given), its range error naming that option."""
+    from ..quant import ActQuant
+
+    if bits is None:
+        return None
+    try:
+        return ActQuant(bits, granularity)
+    except ValueError as err:
+        raise UserError(f"{option}: {err}") from None

@@ -170,7 +170,7 @@ class ActQuant:
 
     def __post_init__(self) -> None:
         if not _is_int(self.bits) or not 2 <= self.bits <= 16:
-            raise ValueError(f"activation bits must be an integer in 2..16, got {self.bits!r}")
+            raise ValueError(f"bits must be an integer in 2..16 (16: unquantized), got {self.bits!r}")
         if isinstance(self.granularity, str):
             object.__setattr__(self, "granularity", canonical_granularity(self.granularity))
         if self.granularity not in ACT_GRANULARITIES:

@@ -51,7 +51,8 @@ def test_rtn_int4_with_embeddings_is_a_fraction_of_fp16(ckpt, tmp_path, capsys):
 @pytest.mark.parametrize("argv, words", [
     (["--weights", "rtn", "--bits", "17"], "2..8"),
     (["--weights", "rtn", "--bits", "4", "--group-size", "24"], "does not divide"),
-    (["--act-bits", "1"], "2..16"),
+    (["--act-bits", "1"], "--act-bits: bits must be an integer in 2..16"),
+    (["--logit-bits", "17"], "--logit-bits: bits must be an integer in 2..16"),
     ([], "nothing to quantize"),
     (["--bits", "4"], "need --weights"),
 ])
