@@ -180,7 +180,7 @@ def plot_trend(series: dict[str, list[dict]], path: str | Path, paper: tuple[flo
     budgets = sorted({q["tokens"] for points in series.values() for q in points})
     for ax in axes:
         ax.set(xscale="log", xlabel="training tokens", xticks=budgets)
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v / 1e6:g}M"))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v / 1e6:.3g}M"))
         ax.xaxis.set_minor_formatter(NullFormatter())
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=min(6, len(labels)), fontsize=7, frameon=False)
