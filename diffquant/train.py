@@ -6,7 +6,7 @@ a resumed run draws exactly the batches an uninterrupted one would. There is no 
 and optimizer state restored bit for bit a resume continues bit-identically.
 
 State is saved without pickle: the model as a checkpoint folder, AdamW's moments in safetensors and the
-scalars in JSON (``state/``). Ctrl-C saves that state before leaving.
+scalars in JSON (``state/``). Ctrl-C (and ``kill`` of ``diffquant train``) saves that state before leaving.
 """
 
 from __future__ import annotations

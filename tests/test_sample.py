@@ -2,6 +2,10 @@
 
 import json
 import math
+import signal
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -170,3 +174,24 @@ def test_training_on_a_corpus_ships_its_tokenizer(tmp_path):
     tok = tokenizer_for(tmp_path / "run" / "final")
     assert tok.kind == "sentencepiece" and tok.vocab_size == 512
     assert (tmp_path / "run" / "state" / "model" / "tokenizer.model").is_file()
+
+
+def test_a_background_training_stopped_by_sigterm_saves_its_state(tmp_path):
+    """kill (SIGTERM) of a trainer started with & (SIGINT ignored) keeps the step it reached, as Ctrl-C does."""
+    sample_corpus(stories260k_path(), tmp_path / "c", tokens=3000, batch_size=8, max_len=64, shard_tokens=3000,
+                  progress=False)
+    run = tmp_path / "run"
+    argv = [sys.executable, "-m", "diffquant", "train", "--arch", "diff", "--preset", "xs", "--data",
+            str(tmp_path / "c"), "--tokens", "1000000", "--batch-size", "2", "--seq-len", "64", "--eval-tokens", "512",
+            "--save-every", "1", "--threads", "1", "--out", str(run)]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    deadline = time.time() + 120
+    while not (run / "state" / "trainer.json").is_file() and time.time() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 130
+    state = json.loads((run / "state" / "trainer.json").read_text())
+    log = json.loads((run / "train_log.json").read_text())
+    assert state["step"] == log["step"] == len(log["history"]["train_loss"]) > 0
+    assert not (run / "final").exists()

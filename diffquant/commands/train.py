@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import signal
 import sys
 
 from ..config import ARCHS, ATTN_IMPLS
@@ -75,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    _stop_on_signals()
     overrides = {"attn_impl": args.attn_impl}
     if args.lambda_init is not None:
         overrides["lambda_init"] = args.lambda_init
@@ -99,6 +101,16 @@ def run(args: argparse.Namespace) -> int:
     print(json.dumps({"out": str(args.out), "steps": record["step"], "tokens": record["tokens_seen"],
                       "validation_loss": val[-1]["loss"] if val else None}, indent=2))
     return 0
+
+
+def _stop_on_signals() -> None:
+    """SIGTERM and SIGINT end training as Ctrl-C does: the state is saved at the current step. A job started
+    in the background of a script (long.sh's ``&``) ignores SIGINT, and ``kill`` sends SIGTERM."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGINT, interrupt)
 
 
 # presets whose vocabulary is a placeholder (tiny: 128 byte ids for unit tests), not part of the model's shape
