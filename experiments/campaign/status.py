@@ -13,9 +13,10 @@ import argparse
 import json
 from pathlib import Path
 
+from diffquant.config import ARCHS
+
 CAMPAIGN = Path(__file__).resolve().parent
 ROOTS = ("long", "ablation")
-ARCHS = ("transformer", "diff")
 
 
 def branch_steps(run: Path, arch: str) -> list[int]:
@@ -31,19 +32,19 @@ def cooldown_state(run: Path, arch: str, step: int) -> str:
 
 
 def arm_status(run: Path, arch: str) -> dict | None:
-    """The stable phase of one arm: steps done and planned, tokens per step, pace, branches and cooldowns."""
+    """The stable phase of one arm: steps done and planned, tokens per step, branches and their cooldowns."""
     state = run / arch / "state" / "trainer.json"
     if not state.is_file():
         return None
     meta = json.loads(state.read_text())
     cfg = meta["train_config"]
     step, per_step = meta["step"], cfg["batch_size"] * cfg["seq_len"]
-    branches = branch_steps(run, arch)
+    cooldowns = {b: cooldown_state(run, arch, b) for b in branch_steps(run, arch)}
     return {"run": run.name, "arch": arch, "step": step, "steps": cfg["tokens"] // per_step,
             "tokens_per_step": per_step,
-            "cooled": [b for b in branches if cooldown_state(run, arch, b) == "done"],
-            "cooling": [b for b in branches if cooldown_state(run, arch, b) == "running"],
-            "uncooled": [b for b in branches if not cooldown_state(run, arch, b)]}
+            "cooled": [b for b, c in cooldowns.items() if c == "done"],
+            "cooling": [b for b, c in cooldowns.items() if c == "running"],
+            "uncooled": [b for b, c in cooldowns.items() if not c]}
 
 
 def campaign_status(root: Path) -> list[dict]:
