@@ -2,9 +2,10 @@
 over layers of each tracked point, block means of two arms and their ratio, and whether the curves have
 flattened. Pure functions of the logs (no model code), so plots and tables can use them.
 
-A run "has flattened" when the block mean of every curve moved by less than ``FLAT_CHANGE`` (relative) from the
-second-to-last block to the last one: the issue's stopping rule for a long run ("until the gate holds and the
-emergence curves have flattened") made a number.
+A run "has flattened" when the block mean of every curve moved by less than ``FLAT_CHANGE`` (relative) in each of
+the last ``FLAT_BLOCKS`` block-to-block steps: the issue's stopping rule for a long run ("until the gate holds and
+the emergence curves have flattened") made a number. One quiet block is not enough: seed 0's hidden maxima held
+still over 109M-117M tokens (+0.1%) and then grew 11.6% over the next block.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from __future__ import annotations
 from .kinds import ATTN_LOGITS, HIDDEN
 
 CURVES = (ATTN_LOGITS, HIDDEN)
-FLAT_CHANGE = 0.05  # relative change of a block mean, last block against the one before
+FLAT_CHANGE = 0.05  # relative change of a block mean, one block against the one before
+FLAT_BLOCKS = 2  # consecutive block-to-block changes that must all stay under FLAT_CHANGE
 BLOCK_KEYS = ("arm", "other", "ratio")  # per site: each arm's block mean, and their ratio
 
 
@@ -72,10 +74,14 @@ def last_changes(blocks: list[dict]) -> dict[str, float] | None:
     return changes
 
 
-def has_flattened(blocks: list[dict], limit: float = FLAT_CHANGE, keys: tuple[str, ...] = BLOCK_KEYS) -> bool | None:
-    """True when every curve's last block mean is within ``limit`` of the block before; None if undecided.
-    ``keys`` picks the curves: ``("ratio",)`` asks only whether the two arms' ratios have levelled off."""
-    changes = last_changes(blocks)
-    if not changes:
+def has_flattened(blocks: list[dict], limit: float = FLAT_CHANGE, keys: tuple[str, ...] = BLOCK_KEYS,
+                  steps: int = FLAT_BLOCKS) -> bool | None:
+    """True when every curve's block mean moved by less than ``limit`` in each of the last ``steps`` block-to-block
+    changes; None with fewer than ``steps + 1`` blocks. ``keys`` picks the curves: ``("ratio",)`` asks only whether
+    the two arms' ratios have levelled off."""
+    if len(blocks) < steps + 1:
         return None
-    return all(abs(c) < limit for name, c in changes.items() if name.split("/")[1] in keys)
+    changes = [last_changes(blocks[:len(blocks) - back]) for back in range(steps)]
+    if not all(changes):
+        return None
+    return all(abs(c) < limit for step in changes for name, c in step.items() if name.split("/")[1] in keys)

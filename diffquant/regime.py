@@ -24,7 +24,7 @@ from scipy.stats import t as student_t
 
 from .chance import PREDICTION, above_chance
 from .checkpoint import load_checkpoint
-from .emergence import BLOCK_KEYS, CURVES, FLAT_CHANGE, has_flattened, last_changes
+from .emergence import BLOCK_KEYS, CURVES, FLAT_BLOCKS, FLAT_CHANGE, has_flattened, last_changes
 from .io import atomic_write_text
 from .kinds import ATTN_LOGITS, HIDDEN, SEQUENCE
 from .plots import plot_trend as draw_trend
@@ -302,20 +302,22 @@ def zeroshot_table(verdicts: list[dict]) -> str:
 
 def emergence_table(runs: dict[str, list[dict]]) -> str:
     """Block means of the tracked top-1 (``emergence.block_means``: Transformer vs other) per run, each run ending
-    with the relative change of its last block and whether every curve has flattened."""
+    with the relative changes of its last blocks and whether every curve has flattened (``has_flattened``)."""
     rows = []
     for run, blocks in runs.items():
         for b in blocks:
             rows.append([run, f"{tokens_label(b['tokens_from'])}–{tokens_label(b['tokens_to'])}", b["points"],
                          *(fmt(b[site][key], 2 if key == "ratio" else 1) for site in CURVES
                            for key in BLOCK_KEYS)])
-        if changes := last_changes(blocks):
-            rows.append([run, "last block's change", "",
-                         *(f"{changes[f'{site}/{key}']:+.1%}" if f"{site}/{key}" in changes else "—"
-                           for site in CURVES for key in BLOCK_KEYS)])
-            for what, keys in (("every curve", BLOCK_KEYS), ("the ratios", ("ratio",))):
-                rows.append([run, f"flattened: {what} (|change| < {FLAT_CHANGE:.0%})", "",
-                             "yes" if has_flattened(blocks, keys=keys) else "no", *[""] * (3 * len(CURVES) - 1)])
+        for back in reversed(range(FLAT_BLOCKS)):
+            if changes := last_changes(blocks[:len(blocks) - back]):
+                rows.append([run, "last block's change" if back == 0 else f"change {back} block(s) earlier", "",
+                             *(f"{changes[f'{site}/{key}']:+.1%}" if f"{site}/{key}" in changes else "—"
+                               for site in CURVES for key in BLOCK_KEYS)])
+        for what, keys in (("every curve", BLOCK_KEYS), ("the ratios", ("ratio",))):
+            if (flat := has_flattened(blocks, keys=keys)) is not None:
+                rows.append([run, f"flattened: {what} (|change| < {FLAT_CHANGE:.0%} in the last {FLAT_BLOCKS} "
+                             "blocks)", "", "yes" if flat else "no", *[""] * (3 * len(CURVES) - 1)])
     header = ["run", "training tokens", "points", "logit top-1 T", "logit top-1 other", "T/other",
               "hidden top-1 T", "hidden top-1 other", "T/other"]
     return render(header, rows)
