@@ -26,7 +26,8 @@ def run_script(tmp_path: Path, script: str, **env: str) -> list[list[str]]:
     fake, calls = tmp_path / "dq", tmp_path / "calls"
     fake.write_text(FAKE_TRAIN)
     fake.chmod(0o755)
-    base = {k: v for k, v in os.environ.items() if k not in ("EXTRA", "ARMS", "TOKENS", "SEED", "PRESET", "UNTIL")}
+    script_vars = ("EXTRA", "ARMS", "TOKENS", "SEED", "PRESET", "UNTIL", "BRANCHES")
+    base = {k: v for k, v in os.environ.items() if k not in script_vars}
     env = {**base, "DQ": str(fake), "CALLS": str(calls), "RUN": str(tmp_path / "run"), **env}
     subprocess.run(["bash", str(CAMPAIGN / script)], env=env, check=True, capture_output=True)
     return [shlex.split(line) for line in calls.read_text().splitlines()]
@@ -105,3 +106,16 @@ def test_status_reports_steps_branches_and_cooldowns(tmp_path):
     assert (rows[1]["cooled"], rows[1]["cooling"], rows[1]["uncooled"]) == ([16], [], [32])
     line = status.table(rows).splitlines()[2]  # 16 + 4 steps of 8,192 tokens = 0.16M; 40 steps = 0.33M
     assert line == "| xs-s0 | transformer | 40 (0.3M) | 64 | 0.2M | 0.3M | - | 24 |"
+
+
+@pytest.mark.parametrize("branches, cooled",
+                         [("", [4096, 8192, 24576]), ("24576", [24576]), ("8192 4096", [4096, 8192])])
+def test_cooldown_cools_every_branch_or_those_asked(tmp_path, branches, cooled):
+    for arch in ("transformer", "diff"):
+        for step in (4096, 8192, 24576):
+            (tmp_path / "run" / arch / "branches" / f"step{step:06d}").mkdir(parents=True)
+    calls = run_script(tmp_path, "cooldown.sh", BRANCHES=branches)
+    assert sorted({int(option(c, "--decay-start")) for c in calls}) == cooled and len(calls) == 2 * len(cooled)
+    for call in calls:
+        step = int(option(call, "--decay-start"))
+        assert int(option(call, "--tokens")) == (step + step // 4) * 16 * 512

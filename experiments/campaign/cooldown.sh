@@ -5,6 +5,8 @@
 # 1's sweep.
 # Output: RUN/cooldown/ARCH-stepN (final/ and train_log.json; the resumable state is dropped once finished).
 # Resumable and idempotent: finished cooldowns are skipped. The two arms of a branch run concurrently.
+# BRANCHES="24576" cools only those branch steps (default: every branch kept), e.g. to reach a run's end budget
+# (the 24,576 branch cooled to 30,720 steps = 251.7M tokens) without the branches between.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 DQ=${DQ:-.venv/bin/diffquant}
@@ -29,6 +31,7 @@ arms=(${ARMS:-transformer diff})
 for branch in "$RUN/${arms[0]}"/branches/step*; do
   [ -d "$branch" ] || continue
   name=$(basename "$branch"); step=$((10#${name#step}))
+  [ -z "${BRANCHES:-}" ] || [[ " $BRANCHES " == *" $step "* ]] || continue
   pids=()
   for arch in "${arms[@]}"; do
     cool "$arch" "$name" "$step" & pids+=($!)
