@@ -142,6 +142,12 @@ def plot_tracked(logs: dict[str, dict], path: str | Path) -> Path:
     return _save(fig, path)
 
 
+def _sparse_log_label(value: float, _pos) -> str:
+    """Minor tick label on a log axis for mantissas 2, 3 and 5 only (0.9 next to 1 and 8 next to 9 overlapped)."""
+    mantissa = value / 10 ** math.floor(math.log10(value))
+    return f"{value:g}" if round(mantissa) in (2, 3, 5) else ""
+
+
 def plot_trend(series: dict[str, list[dict]], path: str | Path, paper: tuple[float, float] | None = None,
                scheme: str = "") -> Path:
     """The verdicts against training tokens, one line per training run: Transformer / Diff top-1 for attention
@@ -172,7 +178,7 @@ def plot_trend(series: dict[str, list[dict]], path: str | Path, paper: tuple[flo
                         va="bottom")
         ax.set(yscale="log", ylabel="Transformer / Diff, top-1", title=title)
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(FuncFormatter(_sparse_log_label))
     axes[2].axhline(0.0, color="grey", lw=0.8)
     axes[2].set(ylabel="Δ ln ppl (T) − Δ ln ppl (D)", title=f"Diff's advantage at 4-bit logits ({scheme})\n"
                 "> 0: Diff lost less; bars: paired 95% bootstrap over windows")
@@ -182,6 +188,7 @@ def plot_trend(series: dict[str, list[dict]], path: str | Path, paper: tuple[flo
         ax.set(xscale="log", xlabel="training tokens", xticks=budgets)
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v / 1e6:.3g}M"))
         ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.tick_params(axis="x", labelrotation=45, labelsize=8)  # budgets 126M and 168M sit close on a log axis
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=min(6, len(labels)), fontsize=7, frameon=False)
     fig.tight_layout(rect=(0, 0.06 + 0.03 * (len(labels) // 6), 1, 1))

@@ -147,6 +147,13 @@ def test_trend_figure_is_drawn(tmp_path):
     assert plot_trend(series, tmp_path / "trend.png", paper=(8.2, 2.1), scheme="s").stat().st_size > 10_000
 
 
+def test_log_axis_labels_only_spaced_minor_ticks():
+    from diffquant.plots import _sparse_log_label
+
+    labels = [_sparse_log_label(v, 0) for v in (0.2, 0.3, 0.4, 0.5, 0.9, 2.0, 3.0, 5.0, 8.0, 9.0, 30.0)]
+    assert labels == ["0.2", "0.3", "", "0.5", "", "2", "3", "5", "", "", "30"]
+
+
 @pytest.fixture
 def verdicts_script(tmp_path, monkeypatch):
     """experiments/campaign/verdicts.py with its run folders under tmp_path."""
