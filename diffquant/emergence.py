@@ -74,14 +74,17 @@ def last_changes(blocks: list[dict]) -> dict[str, float] | None:
     return changes
 
 
+def recent_changes(blocks: list[dict], steps: int = FLAT_BLOCKS) -> list[dict[str, float] | None]:
+    """``last_changes`` of each of the last ``steps`` block-to-block steps, oldest first (None where too few)."""
+    return [last_changes(blocks[:len(blocks) - back]) for back in reversed(range(steps))]
+
+
 def has_flattened(blocks: list[dict], limit: float = FLAT_CHANGE, keys: tuple[str, ...] = BLOCK_KEYS,
                   steps: int = FLAT_BLOCKS) -> bool | None:
     """True when every curve's block mean moved by less than ``limit`` in each of the last ``steps`` block-to-block
     changes; None with fewer than ``steps + 1`` blocks. ``keys`` picks the curves: ``("ratio",)`` asks only whether
     the two arms' ratios have levelled off."""
-    if len(blocks) < steps + 1:
-        return None
-    changes = [last_changes(blocks[:len(blocks) - back]) for back in range(steps)]
+    changes = recent_changes(blocks, steps)
     if not all(changes):
         return None
     return all(abs(c) < limit for step in changes for name, c in step.items() if name.split("/")[1] in keys)

@@ -24,7 +24,7 @@ from scipy.stats import t as student_t
 
 from .chance import PREDICTION, above_chance
 from .checkpoint import load_checkpoint
-from .emergence import BLOCK_KEYS, CURVES, FLAT_BLOCKS, FLAT_CHANGE, has_flattened, last_changes
+from .emergence import BLOCK_KEYS, CURVES, FLAT_BLOCKS, FLAT_CHANGE, has_flattened, recent_changes
 from .io import atomic_write_text
 from .kinds import ATTN_LOGITS, HIDDEN, SEQUENCE
 from .plots import plot_trend as draw_trend
@@ -309,8 +309,8 @@ def emergence_table(runs: dict[str, list[dict]]) -> str:
             rows.append([run, f"{tokens_label(b['tokens_from'])}–{tokens_label(b['tokens_to'])}", b["points"],
                          *(fmt(b[site][key], 2 if key == "ratio" else 1) for site in CURVES
                            for key in BLOCK_KEYS)])
-        for back in reversed(range(FLAT_BLOCKS)):
-            if changes := last_changes(blocks[:len(blocks) - back]):
+        for back, changes in zip(reversed(range(FLAT_BLOCKS)), recent_changes(blocks), strict=True):
+            if changes:
                 rows.append([run, "last block's change" if back == 0 else f"change {back} block(s) earlier", "",
                              *(f"{changes[f'{site}/{key}']:+.1%}" if f"{site}/{key}" in changes else "—"
                                for site in CURVES for key in BLOCK_KEYS)])
