@@ -23,28 +23,34 @@ def branch_steps(run: Path, arch: str) -> list[int]:
     return sorted(int(p.name.removeprefix("step")) for p in (run / arch / "branches").glob("step*"))
 
 
-def cooldown_state(run: Path, arch: str, step: int) -> str:
-    """'done', 'running' (a resumable state) or '' for the cooldown of branch ``step``."""
+def cooldown(run: Path, arch: str, step: int) -> tuple[str, int]:
+    """('done' | 'running' | '', the token budget it ends at) for the cooldown of branch ``step``; the budget is
+    read from the cooldown's own log (done) or resumable state (running), so no rule of cooldown.sh is restated."""
     out = run / "cooldown" / f"{arch}-step{step:06d}"
     if (out / "final" / "model.safetensors").is_file():
-        return "done"
-    return "running" if (out / "state" / "trainer.json").is_file() else ""
+        state, record = "done", out / "train_log.json"
+    elif (out / "state" / "trainer.json").is_file():
+        state, record = "running", out / "state" / "trainer.json"
+    else:
+        return "", 0
+    return state, json.loads(record.read_text())["train_config"]["tokens"]
 
 
 def arm_status(run: Path, arch: str) -> dict | None:
-    """The stable phase of one arm: steps done and planned, tokens per step, branches and their cooldowns."""
+    """The stable phase of one arm: steps done and planned, tokens per step, branches and their cooldowns
+    (cooled and cooling: the budgets they end at; uncooled: the branch steps)."""
     state = run / arch / "state" / "trainer.json"
     if not state.is_file():
         return None
     meta = json.loads(state.read_text())
     cfg = meta["train_config"]
     step, per_step = meta["step"], cfg["batch_size"] * cfg["seq_len"]
-    cooldowns = {b: cooldown_state(run, arch, b) for b in branch_steps(run, arch)}
+    cooldowns = {b: cooldown(run, arch, b) for b in branch_steps(run, arch)}
     return {"run": run.name, "arch": arch, "step": step, "steps": cfg["tokens"] // per_step,
             "tokens_per_step": per_step,
-            "cooled": [b for b, c in cooldowns.items() if c == "done"],
-            "cooling": [b for b, c in cooldowns.items() if c == "running"],
-            "uncooled": [b for b, c in cooldowns.items() if not c]}
+            "cooled": [tokens for c, tokens in cooldowns.values() if c == "done"],
+            "cooling": [tokens for c, tokens in cooldowns.values() if c == "running"],
+            "uncooled": [b for b, (c, _) in cooldowns.items() if not c]}
 
 
 def campaign_status(root: Path) -> list[dict]:
@@ -55,22 +61,16 @@ def campaign_status(root: Path) -> list[dict]:
     return rows
 
 
-def millions(steps: int, per_step: int) -> str:
-    return f"{steps * per_step / 1e6:.1f}M"
-
-
-def cooled_budgets(branches: list[int], per_step: int) -> str:
-    """The budgets the cooldowns of these branches end at (cooldown.sh: N/4 more steps after branch N)."""
-    return ", ".join(millions(b + b // 4, per_step) for b in branches) or "-"
+def millions(tokens: list[int]) -> str:
+    return ", ".join(f"{t / 1e6:.1f}M" for t in tokens) or "-"
 
 
 def table(rows: list[dict]) -> str:
     lines = ["| run | arm | stable step | of | cooled at (tokens) | cooling | branch not cooled | steps left |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['run']} | {r['arch']} | {r['step']} ({millions(r['step'], r['tokens_per_step'])}) | "
-                     f"{r['steps']} | {cooled_budgets(r['cooled'], r['tokens_per_step'])} | "
-                     f"{cooled_budgets(r['cooling'], r['tokens_per_step'])} | "
+        lines.append(f"| {r['run']} | {r['arch']} | {r['step']} ({millions([r['step'] * r['tokens_per_step']])}) | "
+                     f"{r['steps']} | {millions(r['cooled'])} | {millions(r['cooling'])} | "
                      f"{', '.join(map(str, r['uncooled'])) or '-'} | {r['steps'] - r['step']} |")
     return "\n".join(lines)
 
