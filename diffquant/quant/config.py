@@ -64,18 +64,24 @@ def _is_int(value: object) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def _from_dict(cls, data: object):
-    if not isinstance(data, dict):
-        raise ValueError(f"{cls.__name__} must be a JSON object, got {type(data).__name__}")
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise ValueError(f"unknown {cls.__name__} fields: {', '.join(unknown)}")
-    return cls(**data)
+class _PlainFields:
+    """``to_dict`` / ``from_dict`` of a dataclass whose fields are plain JSON values; unknown fields are refused."""
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: object):
+        if not isinstance(data, dict):
+            raise ValueError(f"{cls.__name__} must be a JSON object, got {type(data).__name__}")
+        unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ValueError(f"unknown {cls.__name__} fields: {', '.join(unknown)}")
+        return cls(**data)
 
 
 @dataclass(frozen=True)
-class WeightQuant:
+class WeightQuant(_PlainFields):
     """Weight quantization of Linear layers.
 
     method: "rtn" (round to nearest), "gptq" (needs calibration data), "bnb-int8" (LLM.int8 with outlier
@@ -146,16 +152,9 @@ class WeightQuant:
     def is_bnb(self) -> bool:
         return self.method in BNB_BITS
 
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "WeightQuant":
-        return _from_dict(cls, data)
-
 
 @dataclass(frozen=True)
-class ActQuant:
+class ActQuant(_PlainFields):
     """Dynamic (per forward) integer quantization of an activation: absmax (or min/max) per slice.
 
     bits: 2..16; 16 means unquantized (the paper's convention) unless ``unquantized_at_16=False``.
@@ -181,13 +180,6 @@ class ActQuant:
     def is_noop(self) -> bool:
         """True for the unquantized 16-bit point of a sweep."""
         return self.bits == 16 and self.unquantized_at_16
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "ActQuant":
-        return _from_dict(cls, data)
 
 
 @dataclass(frozen=True)
