@@ -342,20 +342,54 @@ def figure8_text(results: list[dict], sweep_path) -> str:
 
 
 TREND_SCHEME = f"attn_logits/{SEQUENCE} {GATE_TASK}"  # the 4-bit advantage drawn in trend.png
+# the 4-bit advantages trend.md lists: (column, scheme and task prefix of the verdict's advantage_4bit keys)
+TREND_ADVANTAGES = (("per sequence, TinyStories", TREND_SCHEME),
+                    ("per sequence, books", f"attn_logits/{SEQUENCE} test"),
+                    ("per head, TinyStories", f"attn_logits/head {GATE_TASK}"),
+                    ("per head and map, TinyStories", f"attn_logits/head_map {GATE_TASK}"))
+
+
+def trend_runs(results: list[dict], other: str = "diff") -> dict[str, list[dict]]:
+    """The cooled pairs with an ``other`` arm per training run, by training tokens. A pair's ``run`` names the run
+    its budgets branch from (default: size and seed), so runs at different learning rates or on different data
+    are never joined."""
+    runs: dict[str, list[dict]] = {}
+    for r in sorted(results, key=lambda r: r["tokens"]):
+        if r.get("cooled") and other in r["versus"]:
+            runs.setdefault(r.get("run", f"{r['preset']}-s{r['seed']}"), []).append(r)
+    return runs
+
+
+def advantage_of(versus: dict, scheme: str) -> dict | None:
+    """The 4-bit advantage whose key starts with ``scheme`` (keys end with the task's window count)."""
+    return next((a for key, a in versus["advantage_4bit"].items() if key.startswith(scheme)), None)
+
+
+def trend_table(results: list[dict], other: str = "diff") -> str:
+    """trend.png's numbers, one row per cooled budget of each run: the Transformer / ``other`` top-1 ratios, both
+    arms' perplexity factor at 4-bit per-sequence logits and ``other``'s 4-bit advantages with paired intervals."""
+    def interval(a: dict | None) -> str:
+        return "—" if a is None else f"{a['advantage']:+.3f} [{a['low']:+.3f}, {a['high']:+.3f}]"
+
+    rows = []
+    for run, pairs in trend_runs(results, other).items():
+        for r in pairs:
+            vs, growth = r["versus"][other], r["ppl_growth_4bit"]
+            rows.append([run, tokens_label(r["tokens"]), vs["logit_ratio"], vs["hidden_ratio"],
+                         f"{fmt(per_sequence(growth['transformer']))} / {fmt(per_sequence(growth[other]))}",
+                         *(interval(advantage_of(vs, scheme)) for _, scheme in TREND_ADVANTAGES)])
+    header = ["run", "tokens", "logit top-1 T/other", "hidden top-1 T/other", "ppl × at 4-bit logits T / other",
+              *(f"advantage at 4 bits, {column}" for column, _ in TREND_ADVANTAGES)]
+    return render(header, rows)
 
 
 def plot_trend(results: list[dict], path: Path, other: str = "diff") -> None:
     """Transformer / ``other`` ratios and ``other``'s 4-bit advantage against training tokens, cooled pairs only,
-    one line per run. A pair's ``run`` names the training run its budgets branch from (default: size and seed),
-    so runs at different learning rates or on different data are never joined into one line."""
-    series: dict[str, list[dict]] = {}
-    for r in results:
-        if r.get("cooled") and other in r["versus"]:
-            vs = r["versus"][other]
-            advantage = next((a for scheme, a in vs["advantage_4bit"].items() if scheme.startswith(TREND_SCHEME)), None)
-            series.setdefault(r.get("run", f"{r['preset']}-s{r['seed']}"), []).append(
-                {"tokens": r["tokens"], "logit_ratio": vs["logit_ratio"], "hidden_ratio": vs["hidden_ratio"],
-                 "advantage": advantage})
+    one line per run (:func:`trend_runs`)."""
+    series = {run: [{"tokens": r["tokens"], "logit_ratio": r["versus"][other]["logit_ratio"],
+                     "hidden_ratio": r["versus"][other]["hidden_ratio"],
+                     "advantage": advantage_of(r["versus"][other], TREND_SCHEME)} for r in pairs]
+              for run, pairs in trend_runs(results, other).items()}
     if series:
         paper = None if other != "diff" else tuple(
             PAPER_TABLE5[("transformer", kind)][0] / PAPER_TABLE5[("diff", kind)][0] for kind in (ATTN_LOGITS, HIDDEN))
@@ -371,7 +405,8 @@ def sweep_path(out: Path, pair: dict) -> Path:
 
 def write_outputs(out: Path, results: list[dict], table5: dict[str, dict], note: str = "") -> None:
     """Every verdict file from the records: pairs.json, seeds.json, gate.md (with where the top values sit),
-    seeds.md, table5.md, figure8.md (from ``sweep_path``) and trend.png; ``note`` heads each markdown file."""
+    seeds.md, table5.md, figure8.md (from ``sweep_path``), trend.md and trend.png; ``note`` heads each markdown
+    file."""
     out = Path(out)
     summary = over_seeds(results)
     atomic_write_text(out / "pairs.json", json.dumps(results, indent=1))
@@ -380,6 +415,7 @@ def write_outputs(out: Path, results: list[dict], table5: dict[str, dict], note:
     atomic_write_text(out / "seeds.md", note + seeds_table(summary) + "\n")
     atomic_write_text(out / "table5.md", note + table5_text(table5) + "\n")
     atomic_write_text(out / "figure8.md", note + figure8_text(results, lambda r: sweep_path(out, r)) + "\n")
+    atomic_write_text(out / "trend.md", note + trend_table(results) + "\n")
     plot_trend(results, out / "trend.png")
 
 

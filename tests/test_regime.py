@@ -138,6 +138,32 @@ def test_trend_lines_join_only_cooled_budgets_of_one_run(monkeypatch, tmp_path):
     assert drawn["paper"] == pytest.approx((318.0 / 38.8, 3608.6 / 1688.2))  # Table 5's 8.2× and 2.1×
 
 
+def test_trend_table_lists_each_cooled_budget_with_its_intervals():
+    rng = random.Random(3)
+    schemes = [f"{prefix} (first 48)" for _, prefix in regime.TREND_ADVANTAGES]
+    pairs = []
+    for run, tokens, cooled in (("b", 80, True), ("b", 40, True), ("b", 90, False), ("a", 6, True)):
+        advs = {s: {"advantage": (a := rng.uniform(-0.5, 0.5)), "low": a - 0.05, "high": a + 0.05}
+                for s in schemes[:-1]}  # the last scheme never measured: a dash, not a number
+        pairs.append({**PAIR, "pair": f"{run}-{tokens}", "run": run, "tokens": tokens, "cooled": cooled,
+                      "ppl_growth_4bit": {"transformer": {SEQUENCE: rng.uniform(2, 3)},
+                                          "diff": {SEQUENCE: rng.uniform(3, 4)}},
+                      "versus": {"diff": {"logit_ratio": rng.uniform(0.5, 2), "hidden_ratio": rng.uniform(0.5, 2),
+                                          "advantage_4bit": advs}}})
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in regime.trend_table(pairs).splitlines()[2:]]
+    # runs in the order of their first budget, each by tokens; cooled budgets only
+    assert [row[:2] for row in rows] == [["a", "6"], ["b", "40"], ["b", "80"]]
+    cells = rows[1]
+    p40 = pairs[1]
+    vs, growth = p40["versus"]["diff"], p40["ppl_growth_4bit"]
+    assert float(cells[2]) == pytest.approx(vs["logit_ratio"], rel=1e-3)
+    assert float(cells[3]) == pytest.approx(vs["hidden_ratio"], rel=1e-3)
+    assert cells[4] == f"{growth['transformer'][SEQUENCE]:.2f} / {growth['diff'][SEQUENCE]:.2f}"
+    first = vs["advantage_4bit"][schemes[0]]
+    assert cells[5] == f"{first['advantage']:+.3f} [{first['low']:+.3f}, {first['high']:+.3f}]"
+    assert cells[-1] == "—"
+
+
 def test_trend_figure_is_drawn(tmp_path):
     from diffquant.plots import plot_trend
 
