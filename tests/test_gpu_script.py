@@ -44,8 +44,8 @@ def test_dry_run_samples_trains_and_evaluates_every_pair(script, dry_run):
         records = [json.loads(line) for line in (out / "figure8" / f"{pair['pair']}.jsonl").read_text().splitlines()]
         tasks = len(script.DRY.sweep_limits)
         assert len(records) == 2 * tasks * (1 + 3 * len(GRANULARITIES))  # models x tasks x (16 + bits x gran.)
-    for name in ("gate.md", "seeds.md", "table5.md", "figure8.md", "trend.png", "zeroshot.md", "summary.json",
-                 "emergence.md"):
+    for name in ("gate.md", "seeds.md", "table5.md", "figure8.md", "trend.md", "trend.png", "zeroshot.md",
+                 "summary.json", "emergence.md"):
         assert (out / name).stat().st_size > 0
     blocks = json.loads((out / "emergence.json").read_text())
     assert set(blocks) == {"xs-s0", "xs-s1", "s-s0"}  # seed 0's two groups share one stable run
