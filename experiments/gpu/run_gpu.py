@@ -29,8 +29,9 @@ Steps (each phase has a deadline; the script stops gracefully and evaluates what
    ``gate.md``, ``table5.md``, ``figure8.md``, ``seeds.md`` (per-seed Transformer/Diff ratios and 4-bit
    degradation differences, two-sided sign tests, the trend over budgets and sizes; ``seeds.json`` the same as
    records), ``trend.md`` / ``trend.png`` (ratios and 4-bit advantages per budget), ``emergence.md`` /
-   ``emergence.json`` (each stable run's tracked outliers in blocks, and whether they have flattened), ``zeroshot.md`` / ``zeroshot.json`` (the chance check) and ``summary.json`` (plan,
-   timings, throughput, what the guard skipped).
+   ``emergence.json`` (each stable run's tracked outliers in blocks, and whether they have flattened),
+   ``zeroshot.md`` / ``zeroshot.json`` (the chance check) and ``summary.json`` (plan, timings, throughput, what
+   the guard skipped).
 
 Granularities: issue 13's three — "tensor" (one scale per sequence; both Diff maps share it), "head" (per
 sequence and head; both maps of a Diff head share it) and "head_map" (per head and Diff map, which equals the
