@@ -366,8 +366,9 @@ def advantage_of(versus: dict, scheme: str) -> dict | None:
 
 
 def trend_table(results: list[dict], other: str = "diff") -> str:
-    """trend.png's numbers, one row per cooled budget of each run: the Transformer / ``other`` top-1 ratios, both
-    arms' perplexity factor at 4-bit per-sequence logits and ``other``'s 4-bit advantages with paired intervals."""
+    """trend.png's numbers, one row per cooled budget of each run: whether it passes the gate, the Transformer /
+    ``other`` top-1 ratios, both arms' perplexity factor at 4-bit per-sequence logits and ``other``'s 4-bit
+    advantages with paired intervals."""
     def interval(a: dict | None) -> str:
         return "—" if a is None else f"{a['advantage']:+.3f} [{a['low']:+.3f}, {a['high']:+.3f}]"
 
@@ -375,10 +376,11 @@ def trend_table(results: list[dict], other: str = "diff") -> str:
     for run, pairs in trend_runs(results, other).items():
         for r in pairs:
             vs, growth = r["versus"][other], r["ppl_growth_4bit"]
-            rows.append([run, tokens_label(r["tokens"]), vs["logit_ratio"], vs["hidden_ratio"],
+            rows.append([run, tokens_label(r["tokens"]), "yes" if r["gate"] else "no", vs["logit_ratio"],
+                         vs["hidden_ratio"],
                          f"{fmt(per_sequence(growth['transformer']))} / {fmt(per_sequence(growth[other]))}",
                          *(interval(advantage_of(vs, scheme)) for _, scheme in TREND_ADVANTAGES)])
-    header = ["run", "tokens", "logit top-1 T/other", "hidden top-1 T/other", "ppl × at 4-bit logits T / other",
+    header = ["run", "tokens", "gate", "logit top-1 T/other", "hidden top-1 T/other", "ppl × at 4-bit logits T / other",
               *(f"advantage at 4 bits, {column}" for column, _ in TREND_ADVANTAGES)]
     return render(header, rows)
 

@@ -146,14 +146,14 @@ def test_trend_table_lists_each_cooled_budget_with_its_intervals():
         advs = {s: {"advantage": (a := rng.uniform(-0.5, 0.5)), "low": a - 0.05, "high": a + 0.05}
                 for s in schemes[:-1]}  # the last scheme never measured: a dash, not a number
         pairs.append({**PAIR, "pair": f"{run}-{tokens}", "run": run, "tokens": tokens, "cooled": cooled,
-                      "ppl_growth_4bit": {"transformer": {SEQUENCE: rng.uniform(2, 3)},
+                      "gate": tokens > 10, "ppl_growth_4bit": {"transformer": {SEQUENCE: rng.uniform(2, 3)},
                                           "diff": {SEQUENCE: rng.uniform(3, 4)}},
                       "versus": {"diff": {"logit_ratio": rng.uniform(0.5, 2), "hidden_ratio": rng.uniform(0.5, 2),
                                           "advantage_4bit": advs}}})
     rows = [[c.strip() for c in line.split("|")[1:-1]] for line in regime.trend_table(pairs).splitlines()[2:]]
     # runs in the order of their first budget, each by tokens; cooled budgets only
-    assert [row[:2] for row in rows] == [["a", "6"], ["b", "40"], ["b", "80"]]
-    cells = rows[1]
+    assert [row[:3] for row in rows] == [["a", "6", "no"], ["b", "40", "yes"], ["b", "80", "yes"]]
+    cells = rows[1][:2] + rows[1][3:]
     p40 = pairs[1]
     vs, growth = p40["versus"]["diff"], p40["ppl_growth_4bit"]
     assert float(cells[2]) == pytest.approx(vs["logit_ratio"], rel=1e-3)
