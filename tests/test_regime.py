@@ -209,15 +209,18 @@ def test_verdicts_finds_each_long_seeds_cooled_pairs_with_its_seed(tmp_path, ver
     verdicts = verdicts_script
     for run, arms in (("xs-lr3e-3-s10", ("transformer", "diff")), ("xs-lr3e-3-s1", ("transformer", "diff")),
                       ("xs-lr3e-3-s2", ("transformer",)),  # seed 2's Diff arm still cooling: no pair
-                      ("s-lr3e-3-s0", ("transformer", "diff"))):
+                      ("s-lr3e-3-s0", ("transformer", "diff")), ("s-lr1e-2-s0", ("transformer", "diff"))):
         cooled(tmp_path / "long" / run, arms)
+    (tmp_path / "long" / "notes-lr-s").mkdir()  # not a run's name: ignored
     pairs = verdicts.long_pairs()
     assert [(p["pair"], p["preset"], p["seed"], p["run"]) for p in pairs] == [
-        ("s-lr3e-3-s0-41.9M", "s", 0, "s-lr3e-3-s0"), ("xs-lr3e-3-s1-41.9M", "xs", 1, "xs-lr3e-3-s1"),
-        ("xs-lr3e-3-s10-41.9M", "xs", 10, "xs-lr3e-3-s10")]
-    assert pairs[1]["budget"] == pairs[2]["budget"]  # seeds of one budget are pooled over seeds
-    assert pairs[1]["checkpoints"]["diff"] == "long/xs-lr3e-3-s1/cooldown/diff-step004096/final"
-    assert [verdicts.emergence_suffix(run) for run in verdicts.long_runs()] == ["-s-s0", "-s1", "-s2", "-s10"]
+        ("s-lr1e-2-s0-41.9M", "s", 0, "s-lr1e-2-s0"), ("s-lr3e-3-s0-41.9M", "s", 0, "s-lr3e-3-s0"),
+        ("xs-lr3e-3-s1-41.9M", "xs", 1, "xs-lr3e-3-s1"), ("xs-lr3e-3-s10-41.9M", "xs", 10, "xs-lr3e-3-s10")]
+    assert [p["budget"] for p in pairs[:3]] == ["41.9M @ lr 1e-2", "41.9M @ lr 3e-3", "41.9M @ lr 3e-3"]
+    assert pairs[2]["budget"] == pairs[3]["budget"]  # seeds of one budget are pooled over seeds
+    assert pairs[2]["checkpoints"]["diff"] == "long/xs-lr3e-3-s1/cooldown/diff-step004096/final"
+    assert [verdicts.emergence_suffix(run) for run in verdicts.long_runs()] == [
+        "-s-lr1e-2-s0", "-s-s0", "-s1", "-s2", "-s10"]
     assert verdicts.emergence_suffix(Path("xs-lr3e-3-s0")) == ""  # seed 0 keeps the first figure's name
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Cooldown branches of a long pair (experiments/campaign/long.sh; PRESET, SEED, ARMS, EXTRA as there): from each
+# Cooldown branches of a long pair (experiments/campaign/long.sh; PRESET, SEED, LR, ARMS, EXTRA as there): from each
 # state both arms kept at step N (RUN/ARCH/branches/stepN), the same run continues N/4 more steps with the
 # learning rate decaying linearly to 10% (wsd, decay from step N), so the decayed part is the last 20% as in part
 # 1's sweep.
@@ -12,7 +12,8 @@ cd "$(dirname "$0")/../.."
 DQ=${DQ:-.venv/bin/diffquant}
 SEED=${SEED:-0}
 PRESET=${PRESET:-xs}
-RUN=${RUN:-experiments/campaign/long/$PRESET-lr3e-3-s$SEED}
+LR=${LR:-3e-3}
+RUN=${RUN:-experiments/campaign/long/$PRESET-lr$LR-s$SEED}
 read -ra extra <<< "${EXTRA:-}"  # more train options, as given to long.sh
 cool() {  # one arm's cooldown from branch $2 (step $3)
   local arch=$1 name=$2 step=$3
@@ -22,7 +23,7 @@ cool() {  # one arm's cooldown from branch $2 (step $3)
   mkdir -p "$RUN/cooldown"
   nice -n "${NICE:-5}" "$DQ" train --arch "$arch" --preset "$PRESET" --data experiments/corpus/stories260k-s0 \
     --tokens $(( (step + step / 4) * 16 * 512 )) --out "$out" --batch-size 16 --seq-len 512 --recipe stories260k \
-    --lr 3e-3 --seed "$SEED" --schedule wsd --decay-start "$step" --warmup-steps 50 --eval-every 512 \
+    --lr "$LR" --seed "$SEED" --schedule wsd --decay-start "$step" --warmup-steps 50 --eval-every 512 \
     --eval-tokens 65536 --track-every 128 --save-every 128 --threads 1 "${extra[@]}" "${resume[@]}" \
     >> "$out.log" 2>&1
   rm -rf "$out/state"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The long pair of the outlier-regime campaign (issue 13), one size (PRESET, default xs) and seed (SEED, default
-# 0): both arms at once (one core each, identical data order), lr 3e-3 held constant after warm-up to 30,720
+# 0): both arms at once (one core each, identical data order), lr LR (default 3e-3) held constant after warm-up to 30,720
 # steps (251.7M tokens), a resumable branch every 4,096 steps (33.6M tokens) for cooldowns
 # (experiments/campaign/cooldown.sh).
 # Resumable: rerun to continue from state/. UNTIL=N stops both arms after step N (a branch step: then cool it).
@@ -12,7 +12,8 @@ cd "$(dirname "$0")/../.."
 DQ=${DQ:-.venv/bin/diffquant}
 SEED=${SEED:-0}
 PRESET=${PRESET:-xs}
-RUN=${RUN:-experiments/campaign/long/$PRESET-lr3e-3-s$SEED}
+LR=${LR:-3e-3}
+RUN=${RUN:-experiments/campaign/long/$PRESET-lr$LR-s$SEED}
 read -ra extra <<< "${EXTRA:-}"  # more train options (experiments/campaign/ablation.sh)
 stop=(); [ -n "${UNTIL:-}" ] && stop=(--stop-at "$UNTIL")
 mkdir -p "$RUN"
@@ -21,7 +22,7 @@ for arch in ${ARMS:-transformer diff}; do
   [ -f "$out/final/model.safetensors" ] && continue
   resume=(); [ -f "$out/state/trainer.json" ] && resume=(--resume)
   nice -n "${NICE:-15}" "$DQ" train --arch "$arch" --preset "$PRESET" --data experiments/corpus/stories260k-s0 \
-    --tokens "${TOKENS:-251658240}" --out "$out" --batch-size 16 --seq-len 512 --recipe stories260k --lr 3e-3 \
+    --tokens "${TOKENS:-251658240}" --out "$out" --batch-size 16 --seq-len 512 --recipe stories260k --lr "$LR" \
     --seed "$SEED" --schedule constant --warmup-steps 50 --eval-every 512 --eval-tokens 65536 --track-every 128 \
     --save-every 128 --branch-every 4096 --threads 1 "${extra[@]}" "${resume[@]}" "${stop[@]}" >> "$out.log" 2>&1 &
 done

@@ -7,7 +7,7 @@ Pairs (identical data order within a pair; every arm is set against the Transfor
 * ``xs-lr1e-2-sN``: part 1's short protocol at lr 1e-2 (6.03M tokens, wsd, last 20% decayed), where the
   Transformer already passes the gate; seeds 0-1 from experiments/lr_sweep/runs, seeds 2+ and the gated /
   clipped arms (seed 0) from experiments/campaign/short;
-* ``PRESET-lr3e-3-sN-<tokens>``: the long runs' cooled branches (experiments/campaign/long, cooldown.sh; xs seed 0
+* ``PRESET-lrLR-sN-<tokens>``: the long runs' cooled branches (experiments/campaign/long, cooldown.sh; xs seed 0
   is the long run, other seeds stop at earlier branches; the s preset for the size trend);
 * ``xs-real-lr1e-2-s0``: the real-text control, the short protocol on real text (experiments/campaign/realtext.sh);
 * ``xs-lr3e-3-sN-ABLATION-<tokens>``: the ablations (experiments/campaign/ablation.sh), cooled like the long runs.
@@ -53,7 +53,8 @@ SHORT_ROOTS = (REPO / "experiments/lr_sweep/runs", REPO / "experiments/campaign/
 REAL_ROOT = REPO / "experiments/campaign/realtext"
 LONG_ROOT = REPO / "experiments/campaign/long"
 ABLATION_ROOT = REPO / "experiments/campaign/ablation"
-ABLATION_RUN = re.compile(r"(?P<base>\w+-lr3e-3-s\d+)-(?P<ablation>.+)")  # the long run it ablates, and what
+LONG_RUN = re.compile(r"(?P<preset>[a-z]+)-lr(?P<lr>[0-9.]+e-\d+)-s(?P<seed>\d+)")  # long.sh's PRESET-lrLR-sSEED
+ABLATION_RUN = re.compile(rf"(?P<base>{LONG_RUN.pattern})-(?P<ablation>.+)")  # the long run it ablates, and what
 ABLATIONS = {"lambda0.8": "constant λ_init 0.8", "init-default": "PyTorch default init"}
 SHORT_TOKENS = 736 * 16 * 512
 SEQ_LEN, BATCH = 512, 16
@@ -82,22 +83,26 @@ def real_pairs() -> list[dict]:
     return short_pairs(roots=(REAL_ROOT,), name="xs-real", corpus=", real text")
 
 
-def run_preset_seed(run: Path) -> tuple[str, int]:
-    """``PRESET-lr3e-3-sSEED`` → (preset, seed)."""
-    return run.name.split("-lr", 1)[0], int(run.name.rsplit("-s", 1)[1])
+def run_parts(run: Path) -> tuple[str, int, str]:
+    """``PRESET-lrLR-sSEED`` → (preset, seed, lr)."""
+    named = LONG_RUN.fullmatch(run.name)
+    return named["preset"], int(named["seed"]), named["lr"]
 
 
 def long_runs() -> list[Path]:
-    return sorted(LONG_ROOT.glob("*-lr3e-3-s*"), key=run_preset_seed)
+    return sorted((run for run in LONG_ROOT.glob("*-lr*-s*") if LONG_RUN.fullmatch(run.name)), key=run_parts)
 
 
 def emergence_suffix(run: Path) -> str:
-    """File-name suffix of a run's emergence figure: xs seed 0 keeps the first name, other xs seeds ``-sN``."""
-    preset, seed = run_preset_seed(run)
+    """File-name suffix of a run's emergence figure: xs seed 0 keeps the first name, other xs seeds ``-sN``; a
+    learning rate other than 3e-3 is named."""
+    preset, seed, lr = run_parts(run)
+    if lr != "3e-3":
+        return f"-{preset}-lr{lr}-s{seed}"
     return ("" if seed == 0 else f"-s{seed}") if preset == "xs" else f"-{preset}-s{seed}"
 
 
-def cooled_pair(run: Path, branch: str, ckpts: dict[str, Path], preset: str, seed: int,
+def cooled_pair(run: Path, branch: str, ckpts: dict[str, Path], preset: str, seed: int, lr: str,
                 what: str = "") -> dict | None:
     """The pair of a run's cooled branch (``stepN``) from the arms whose checkpoints exist, or None without a
     Transformer and another arm; ``what`` extends the budget label (an ablation is never pooled with others)."""
@@ -107,7 +112,7 @@ def cooled_pair(run: Path, branch: str, ckpts: dict[str, Path], preset: str, see
     log = run / "cooldown" / f"{next(a for a in ckpts if a != 'transformer')}-{branch}" / "train_log.json"
     tokens = json.loads(log.read_text())["tokens_seen"]
     return {"pair": f"{run.name}-{tokens_label(tokens)}", "run": run.name, "preset": preset, "seed": seed,
-            "budget": f"{tokens_label(tokens)} @ lr 3e-3{what}", "tokens": tokens, "cooled": True,
+            "budget": f"{tokens_label(tokens)} @ lr {lr}{what}", "tokens": tokens, "cooled": True,
             "checkpoints": ckpts}
 
 
@@ -122,7 +127,7 @@ def long_pairs() -> list[dict]:
     for run in long_runs():
         for branch in cooled_branches(run, "transformer"):
             ckpts = {a: run / "cooldown" / f"{a}-{branch}" / "final" for a in ARCHS}
-            pairs.append(cooled_pair(run, branch, ckpts, *run_preset_seed(run)))
+            pairs.append(cooled_pair(run, branch, ckpts, *run_parts(run)))
     return [p for p in pairs if p]
 
 
@@ -139,7 +144,7 @@ def ablation_pairs() -> list[dict]:
             if not (ckpts["transformer"] / "model.safetensors").is_file():
                 ckpts["transformer"] = base / "cooldown" / f"transformer-{branch}" / "final"
             what = f", {ABLATIONS.get(named['ablation'], named['ablation'])}"
-            pairs.append(cooled_pair(run, branch, ckpts, *run_preset_seed(base), what=what))
+            pairs.append(cooled_pair(run, branch, ckpts, *run_parts(base), what=what))
     return [p for p in pairs if p]
 
 
