@@ -26,7 +26,7 @@ def run_script(tmp_path: Path, script: str, **env: str) -> list[list[str]]:
     fake, calls = tmp_path / "dq", tmp_path / "calls"
     fake.write_text(FAKE_TRAIN)
     fake.chmod(0o755)
-    script_vars = ("EXTRA", "ARMS", "TOKENS", "SEED", "PRESET", "UNTIL", "BRANCHES")
+    script_vars = ("EXTRA", "ARMS", "TOKENS", "SEED", "PRESET", "LR", "UNTIL", "BRANCHES")
     base = {k: v for k, v in os.environ.items() if k not in script_vars}
     env = {**base, "DQ": str(fake), "CALLS": str(calls), "RUN": str(tmp_path / "run"), **env}
     subprocess.run(["bash", str(CAMPAIGN / script)], env=env, check=True, capture_output=True)
@@ -68,7 +68,13 @@ def test_long_run_defaults_train_both_arms_to_the_full_budget(tmp_path):
     for call in calls:
         assert option(call, "--tokens") == "251658240" and option(call, "--seed") == "3"
         assert option(call, "--preset") == "xs" and "--lambda-init" not in call and "--init" not in call
-        assert "--stop-at" not in call
+        assert "--stop-at" not in call and option(call, "--lr") == "3e-3"
+
+
+def test_long_run_and_its_cooldowns_take_the_learning_rate_asked(tmp_path):
+    run_script(tmp_path, "long.sh", LR="1e-2")
+    calls = run_script(tmp_path, "cooldown.sh", LR="1e-2")  # every call so far, the stable arms' first
+    assert sum("--branch-from" in c for c in calls) == 2 and [option(c, "--lr") for c in calls] == ["1e-2"] * 4
 
 
 def test_long_run_stops_both_arms_at_the_step_asked(tmp_path):
@@ -109,7 +115,12 @@ def test_status_reports_steps_branches_and_cooldowns(tmp_path):
     assert (rows[0]["cooled"], rows[0]["cooling"], rows[0]["uncooled"]) == ([20 * 8192], [40 * 8192], [])
     assert (rows[1]["cooled"], rows[1]["cooling"], rows[1]["uncooled"]) == ([20 * 8192], [], [32])
     line = status.table(rows).splitlines()[2]  # 16 + 4 steps of 8,192 tokens = 0.16M; 40 steps = 0.33M
-    assert line == "| xs-s0 | transformer | 40 (0.3M) | 64 | 0.2M | 0.3M | - | 24 |"
+    assert line == "| xs-s0 | transformer | 40 (0.3M) | 64 | - / - | 0.2M | 0.3M | - | 24 |"  # nothing tracked yet
+    point = {"tokens": 40 * 8192, "layers": [{"attn_logits": {"top1": 61.25}, "hidden": {"top1": 7.0}},
+                                             {"attn_logits": {"top1": 12.0}, "hidden": {"top1": 155.5}}]}
+    log = {"history": {"outliers": [{"tokens": 0, "layers": []}, point]}}
+    (tmp_path / "long" / "xs-s0" / "transformer" / "train_log.json").write_text(json.dumps(log))
+    assert "| 64 | 61.2 / 155.5 |" in status.table(status.campaign_status(tmp_path)).splitlines()[2]
 
 
 @pytest.mark.parametrize("branches, cooled",

@@ -1,9 +1,10 @@
-"""Where the campaign's runs stand: each arm's stable step, its branches, which are cooled, and the steps left.
+"""Where the campaign's runs stand: each arm's stable step, its latest tracked outliers, its branches, which are
+cooled, and the steps left.
 
     python experiments/campaign/status.py [--root experiments/campaign]
 
-Reads only the runs' own files (``ARCH/state/trainer.json``, ``ARCH/branches/``, ``cooldown/ARCH-stepN/``) of the
-long runs (long.sh) and the ablations (ablation.sh), and prints a markdown table. No time estimate: a run's
+Reads only the runs' own files (``ARCH/state/trainer.json``, ``ARCH/train_log.json``, ``ARCH/branches/``,
+``cooldown/ARCH-stepN/``) of the long runs (long.sh) and the ablations (ablation.sh), and prints a markdown table. No time estimate: a run's
 wall clock mixes machines and loads (an xs arm takes ~0.75 s a step on one core of the 2-core CI machine).
 """
 
@@ -14,6 +15,7 @@ import json
 from pathlib import Path
 
 from diffquant.config import ARCHS
+from diffquant.emergence import tracked_curve
 
 CAMPAIGN = Path(__file__).resolve().parent
 ROOTS = ("long", "ablation")
@@ -36,6 +38,14 @@ def cooldown(run: Path, arch: str, step: int) -> tuple[str, int]:
     return state, json.loads(record.read_text())["train_config"]["tokens"]
 
 
+def latest_tracked(run: Path, arch: str) -> tuple[float | None, float | None]:
+    """The stable arm's last tracked (logit top-1, hidden top-1), maxima over layers: whether it is heading for
+    the gate (logit top-1 >= 100) before a cooldown says so."""
+    log = run / arch / "train_log.json"
+    curve = tracked_curve(json.loads(log.read_text())) if log.is_file() else []
+    return curve[-1][1:] if curve else (None, None)
+
+
 def arm_status(run: Path, arch: str) -> dict | None:
     """The stable phase of one arm: steps done and planned, tokens per step, branches and their cooldowns
     (cooled and cooling: the budgets they end at; uncooled: the branch steps)."""
@@ -47,7 +57,7 @@ def arm_status(run: Path, arch: str) -> dict | None:
     step, per_step = meta["step"], cfg["batch_size"] * cfg["seq_len"]
     cooldowns = {b: cooldown(run, arch, b) for b in branch_steps(run, arch)}
     return {"run": run.name, "arch": arch, "step": step, "steps": cfg["tokens"] // per_step,
-            "tokens_per_step": per_step,
+            "tokens_per_step": per_step, "tracked": latest_tracked(run, arch),
             "cooled": [tokens for c, tokens in cooldowns.values() if c == "done"],
             "cooling": [tokens for c, tokens in cooldowns.values() if c == "running"],
             "uncooled": [b for b, (c, _) in cooldowns.items() if not c]}
@@ -65,12 +75,16 @@ def millions(tokens: list[int]) -> str:
     return ", ".join(f"{t / 1e6:.1f}M" for t in tokens) or "-"
 
 
+def maxima(tracked: tuple[float | None, float | None]) -> str:
+    return " / ".join("-" if v is None else f"{v:.1f}" for v in tracked)
+
+
 def table(rows: list[dict]) -> str:
-    lines = ["| run | arm | stable step | of | cooled at (tokens) | cooling | branch not cooled | steps left |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| run | arm | stable step | of | tracked logit / hidden top-1 | cooled at (tokens) | cooling | "
+             "branch not cooled | steps left |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['run']} | {r['arch']} | {r['step']} ({millions([r['step'] * r['tokens_per_step']])}) | "
-                     f"{r['steps']} | {millions(r['cooled'])} | {millions(r['cooling'])} | "
+                     f"{r['steps']} | {maxima(r['tracked'])} | {millions(r['cooled'])} | {millions(r['cooling'])} | "
                      f"{', '.join(map(str, r['uncooled'])) or '-'} | {r['steps'] - r['step']} |")
     return "\n".join(lines)
 
