@@ -374,6 +374,7 @@ def _log_header(model, cfg, out, train_data, val_data, init_from, provenance, br
         },
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
+        "flush_denormal": torch.tensor([1e-40]).item() == 0.0,  # denormals flushed to zero (commands/train.py)
         "out": str(out),
     }
 

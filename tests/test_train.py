@@ -228,3 +228,6 @@ def test_cli_tiny_preset_trains_on_the_calib_split_with_its_tokenizers_vocabular
         assert main(argv) == 0
     assert "training with vocab_size 8192" in caplog.text
     assert load_checkpoint(out / "final").config.vocab_size == 8192
+    header = json.loads((out / "train_log.json").read_text())
+    assert header["flush_denormal"] is True  # the command flushes denormals while it trains (outlier-regime speed)
+    assert torch.tensor([1e-40]).item() != 0.0  # and gives the process torch's default back
