@@ -64,6 +64,12 @@ def others(pair: dict) -> list[str]:
 
 # ------------------------------------------------------------------------------------------------ measuring
 
+def diff_lambdas(model) -> list[float] | None:
+    """Each Diff layer's λ (λ < 0: the layer adds its second map instead of subtracting it), None for other arms."""
+    attns = [layer.attn for layer in getattr(model, "layers", []) if getattr(layer.attn, "is_diff", False)]
+    return [float(attn.lambda_full().detach()) for attn in attns] or None
+
+
 def profile_pair(pair: dict, ids: np.ndarray, seq_len: int, batch_size: int, max_tokens: int | None = None,
                  device: str = "cpu", out: Path | None = None) -> dict[str, dict]:
     """Table-5 records of every arm on ``ids`` (global protocol, exact medians, top-100 located)."""
@@ -73,7 +79,7 @@ def profile_pair(pair: dict, ids: np.ndarray, seq_len: int, batch_size: int, max
         model = load_checkpoint(path, device=device)
         report = profile(model, batches, label=f"{pair['pair']}-{arch}", exact_median=True, n_locations=LOCATED,
                          progress=False)
-        records[arch] = {**report.data, "train_tokens": pair["tokens"]}
+        records[arch] = {**report.data, "train_tokens": pair["tokens"], "lambda": diff_lambdas(model)}
     if out is not None:
         atomic_write_text(Path(out), json.dumps(records, indent=1))
     return records
@@ -178,6 +184,7 @@ def verdict(pair: dict, table5: dict[str, dict], records: list[dict]) -> dict:
     return {**pair, "gate": gate,
             "logit_top1": {arch: top1(arch, ATTN_LOGITS) for arch in arms},
             "hidden_top1": {arch: top1(arch, HIDDEN) for arch in arms},
+            "lambda": {arch: table5[arch]["lambda"] for arch in arms if table5[arch].get("lambda")},
             "top_sites": {arch: {kind: top_sites(table5[arch]["sites"][kind]) for kind in (ATTN_LOGITS, HIDDEN)}
                           for arch in arms},
             "ppl_growth_4bit": growth, "versus": versus}
@@ -244,10 +251,19 @@ def per_sequence(growth: dict) -> float | None:
 def gate_table(results: list[dict]) -> str:
     rows = [[r["pair"], tokens_label(r["tokens"]), _arms(r, r["logit_top1"], 1),
              _arms(r, {a: per_sequence(g) for a, g in r["ppl_growth_4bit"].items()}, 2),
-             "yes" if r["gate"] else "no"] for r in results]
+             "yes" if r["gate"] else "no", negative_lambdas(r.get("lambda", {}))] for r in results]
     header = ["pair", "tokens", "logit top-1", "ppl × at 4-bit logits, per sequence",
-              f"gate (T top-1 ≥ {GATE_LOGIT_TOP1:g}, T ppl × ≥ {GATE_PPL_FACTOR:g})"]
+              f"gate (T top-1 ≥ {GATE_LOGIT_TOP1:g}, T ppl × ≥ {GATE_PPL_FACTOR:g})", "Diff layers with λ < 0"]
     return render(header, rows)
+
+
+def negative_lambdas(lambdas: dict[str, list[float]]) -> str:
+    """The layers whose λ left its range (< 0: the second map is added), per Diff arm; else the smallest λ."""
+    notes = []
+    for arch, values in lambdas.items():
+        negative = [f"L{i} {v:.2f}" for i, v in enumerate(values) if v < 0]
+        notes.append(f"{ARCH_SHORT.get(arch, arch)}: {', '.join(negative) or f'none (min {min(values):.2f})'}")
+    return "; ".join(notes) or "-"
 
 
 def sites_table(results: list[dict]) -> str:

@@ -281,3 +281,41 @@ def test_zeroshot_end_to_end_on_tiny_checkpoints(tmp_path):
     regime.write_zeroshot(tmp_path, [v], lambda _: records)
     assert json.loads((tmp_path / "zeroshot.json").read_text())[0]["pair"] == "tiny"
     assert (tmp_path / "zeroshot.md").read_text().count("| tiny ") == 2
+
+
+def test_diff_lambdas_are_each_layers_lambda_and_the_gate_table_names_negative_ones():
+    from diffquant import ModelConfig, build_model
+
+    diff = build_model(ModelConfig.preset("tiny", arch="diff"), seed=0)
+    with torch.no_grad():
+        diff.layers[1].attn.lambda_q2.fill_(0.3)  # λ = e^(q1·k1) − e^(q2·k2) + λ_init, pushed below zero
+        diff.layers[1].attn.lambda_k2.fill_(0.3)
+    lambdas = regime.diff_lambdas(diff)
+    with torch.no_grad():
+        by_hand = [math.exp(float((a.lambda_q1.double() * a.lambda_k1.double()).sum()))
+                   - math.exp(float((a.lambda_q2.double() * a.lambda_k2.double()).sum())) + a.lambda_init
+                   for a in (layer.attn for layer in diff.layers)]
+    assert lambdas == pytest.approx(by_hand, rel=1e-5) and lambdas[1] < 0 < lambdas[0]
+    assert regime.diff_lambdas(build_model(ModelConfig.preset("tiny"), seed=0)) is None
+    result = {"pair": "p", "tokens": 10, "gate": True, "logit_top1": {"transformer": 120.0, "diff": 60.0},
+              "ppl_growth_4bit": {"transformer": {SEQUENCE: 3.0}, "diff": {SEQUENCE: 2.0}},
+              "checkpoints": {"transformer": "t", "diff": "d"}, "lambda": {"diff": lambdas}}
+    assert f"D: L1 {lambdas[1]:.2f}" in regime.gate_table([result]) and "none" not in regime.gate_table([result])
+    assert f"D: none (min {lambdas[0]:.2f})" in regime.gate_table([{**result, "lambda": {"diff": lambdas[:1]}}])
+    assert regime.gate_table([{**result, "lambda": {}}]).splitlines()[-1].split("|")[-2].strip() == "-"
+
+
+def test_verdicts_adds_lambda_to_table5_records_saved_without_it(tmp_path, verdicts_script):
+    from diffquant import ModelConfig, build_model, save_checkpoint
+
+    ckpts = {}
+    for arch in ("transformer", "diff"):
+        save_checkpoint(build_model(ModelConfig.preset("tiny", arch=arch), seed=1), tmp_path / arch)
+        ckpts[arch] = str(tmp_path / arch)
+    saved = tmp_path / "table5.json"
+    known = {arch: {"sites": {}} for arch in ckpts}
+    filled = verdicts_script.with_lambdas(known, {"checkpoints": ckpts}, saved)
+    assert filled["transformer"]["lambda"] is None and len(filled["diff"]["lambda"]) == 2
+    assert json.loads(saved.read_text()) == filled and "lambda" not in known["diff"]  # the caller's dict is kept
+    saved.unlink()
+    assert verdicts_script.with_lambdas(filled, {"checkpoints": {}}, saved) is filled and not saved.exists()

@@ -4,8 +4,9 @@ cooled, and the steps left.
     python experiments/campaign/status.py [--root experiments/campaign]
 
 Reads only the runs' own files (``ARCH/state/trainer.json``, ``ARCH/train_log.json``, ``ARCH/branches/``,
-``cooldown/ARCH-stepN/``) of the long runs (long.sh) and the ablations (ablation.sh), and prints a markdown table. No time estimate: a run's
-wall clock mixes machines and loads (an xs arm takes ~0.75 s a step on one core of the 2-core CI machine).
+``cooldown/ARCH-stepN/``) of the long runs (long.sh) and the ablations (ablation.sh), and prints a markdown
+table. No time estimate: a run's wall clock mixes machines and loads (an xs arm takes ~0.75 s a step on one core
+of the 2-core CI machine).
 """
 
 from __future__ import annotations

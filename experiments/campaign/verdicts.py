@@ -31,12 +31,15 @@ from pathlib import Path
 
 import torch
 
+from diffquant.checkpoint import load_checkpoint
 from diffquant.config import ARCHS
 from diffquant.corpus import heldout_ids
 from diffquant.emergence import block_means
+from diffquant.io import atomic_write_text
 from diffquant.plots import plot_tracked
 from diffquant.records import read_records
 from diffquant.regime import (
+    diff_lambdas,
     profile_pair,
     sweep_pair,
     sweep_path,
@@ -150,6 +153,16 @@ def ablation_pairs() -> list[dict]:
     return [p for p in pairs if p]
 
 
+def with_lambdas(known: dict[str, dict], pair: dict, saved: Path) -> dict[str, dict]:
+    """Table-5 records saved before Diff's λ was recorded get it from their checkpoints (no new profile)."""
+    if all("lambda" in record for record in known.values()):
+        return known
+    known = {arch: {**record, "lambda": diff_lambdas(load_checkpoint(REPO / pair["checkpoints"][arch]))}
+             for arch, record in known.items()}
+    atomic_write_text(saved, json.dumps(known, indent=1))
+    return known
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="experiments/results/regime")
@@ -178,6 +191,7 @@ def main() -> None:
         known = json.loads(saved.read_text()) if saved.is_file() else {}
         if set(known) != set(pair["checkpoints"]):
             known = profile_pair(pair, ids, SEQ_LEN, BATCH, args.profile_windows * SEQ_LEN, out=saved)
+        known = with_lambdas(known, pair, saved)
         table5[pair["pair"]] = known
         records = sweep_pair(pair, sweep_path(out, pair), tasks, batch_size=BATCH)
         results.append(verdict(pair, known, records))
