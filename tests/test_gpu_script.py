@@ -80,7 +80,7 @@ def test_each_size_trains_at_its_own_rate_unless_one_is_given(script):
         plan = script.make_plan(argparse.Namespace(**{"dry_run": False, "lr": None, "time_limit": None, **args}))
         return {p: script.train_config(plan, script.Run(p, 0, "diff", Path(".")), 100).lr for p in ("xs", "s")}
 
-    assert rates() == {"xs": 3e-3, "s": 1e-2}  # s at 3e-3 did not gate on the CPU (RESULTS.md, run 3)
+    assert rates() == {"xs": 3e-3, "s": 6e-3}  # s at 3e-3 did not gate on the CPU (RESULTS.md, run 3)
     assert rates(lr=2e-3) == {"xs": 2e-3, "s": 2e-3}
     assert script.make_plan(argparse.Namespace(dry_run=True, lr=None, time_limit=5.0)).time_limit_s == 5.0
 
