@@ -251,18 +251,19 @@ def per_sequence(growth: dict) -> float | None:
 def gate_table(results: list[dict]) -> str:
     rows = [[r["pair"], tokens_label(r["tokens"]), _arms(r, r["logit_top1"], 1),
              _arms(r, {a: per_sequence(g) for a, g in r["ppl_growth_4bit"].items()}, 2),
-             "yes" if r["gate"] else "no", negative_lambdas(r.get("lambda", {}))] for r in results]
+             "yes" if r["gate"] else "no", lambda_ranges(r.get("lambda", {}))] for r in results]
     header = ["pair", "tokens", "logit top-1", "ppl × at 4-bit logits, per sequence",
-              f"gate (T top-1 ≥ {GATE_LOGIT_TOP1:g}, T ppl × ≥ {GATE_PPL_FACTOR:g})", "Diff layers with λ < 0"]
+              f"gate (T top-1 ≥ {GATE_LOGIT_TOP1:g}, T ppl × ≥ {GATE_PPL_FACTOR:g})", "Diff λ over layers"]
     return render(header, rows)
 
 
-def negative_lambdas(lambdas: dict[str, list[float]]) -> str:
-    """The layers whose λ left its range (< 0: the second map is added), per Diff arm; else the smallest λ."""
+def lambda_ranges(lambdas: dict[str, list[float]]) -> str:
+    """Each Diff arm's smallest and largest λ over layers, and the layers where λ < 0 (the second map is added)."""
     notes = []
     for arch, values in lambdas.items():
-        negative = [f"L{i} {v:.2f}" for i, v in enumerate(values) if v < 0]
-        notes.append(f"{ARCH_SHORT.get(arch, arch)}: {', '.join(negative) or f'none (min {min(values):.2f})'}")
+        negative = [f"L{i}" for i, v in enumerate(values) if v < 0]
+        notes.append(f"{ARCH_SHORT.get(arch, arch)} {min(values):.2f} … {max(values):.2f}"
+                     + (f" (< 0: {', '.join(negative)})" if negative else ""))
     return "; ".join(notes) or "-"
 
 

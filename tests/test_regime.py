@@ -283,7 +283,7 @@ def test_zeroshot_end_to_end_on_tiny_checkpoints(tmp_path):
     assert (tmp_path / "zeroshot.md").read_text().count("| tiny ") == 2
 
 
-def test_diff_lambdas_are_each_layers_lambda_and_the_gate_table_names_negative_ones():
+def test_diff_lambdas_are_each_layers_lambda_and_the_gate_table_gives_their_range():
     from diffquant import ModelConfig, build_model
 
     diff = build_model(ModelConfig.preset("tiny", arch="diff"), seed=0)
@@ -300,8 +300,9 @@ def test_diff_lambdas_are_each_layers_lambda_and_the_gate_table_names_negative_o
     result = {"pair": "p", "tokens": 10, "gate": True, "logit_top1": {"transformer": 120.0, "diff": 60.0},
               "ppl_growth_4bit": {"transformer": {SEQUENCE: 3.0}, "diff": {SEQUENCE: 2.0}},
               "checkpoints": {"transformer": "t", "diff": "d"}, "lambda": {"diff": lambdas}}
-    assert f"D: L1 {lambdas[1]:.2f}" in regime.gate_table([result]) and "none" not in regime.gate_table([result])
-    assert f"D: none (min {lambdas[0]:.2f})" in regime.gate_table([{**result, "lambda": {"diff": lambdas[:1]}}])
+    assert f"D {lambdas[1]:.2f} … {lambdas[0]:.2f} (< 0: L1)" in regime.gate_table([result])
+    in_range = regime.gate_table([{**result, "lambda": {"diff": lambdas[:1]}}]).splitlines()[-1].split("|")[-2]
+    assert in_range.strip() == f"D {lambdas[0]:.2f} … {lambdas[0]:.2f}"
     assert regime.gate_table([{**result, "lambda": {}}]).splitlines()[-1].split("|")[-2].strip() == "-"
 
 
