@@ -4,8 +4,8 @@
     python experiments/gpu/run_gpu.py --dry-run --out /tmp/gpu-dry             # CPU, toy sizes (tested in CI)
 
 ``--time-limit S`` scales every phase deadline (default 690 s, leaving time to start Python and CUDA within 12
-minutes); ``--lr`` sets one peak learning rate for every run. Rerunning on the same ``--out`` resumes: the corpus
-shards, the stable runs, the cooled pairs and the sweep records already there are reused.
+minutes); ``--lr`` sets the peak learning rate. Rerunning on the same ``--out`` resumes: the corpus shards, the
+stable runs, the cooled pairs and the sweep records already there are reused.
 
 Steps (each phase has a deadline; the script stops gracefully and evaluates whatever exists):
 
@@ -57,12 +57,13 @@ keeps the script inside 12 minutes whatever the real speed):
   extra seeds before the long run, so a slower machine loses the 250M point, not the seeds.
 * Evaluation: profiling 100K tokens and 14 sweep cells of ≤ 100K tokens per checkpoint take seconds on the GPU;
   ~18 checkpoints in ~2 minutes (the evaluation deadline is 669 s after the start).
-* Peak learning rate 3e-3 for xs, 6e-3 for s (the CPU's run 3, RESULTS.md): in part 1's sweep (xs, batch 16 ×
-  512) the Transformer's logit top-1 grew faster at 3e-3 than at 1e-3, and the CPU's long xs pairs at 3e-3 gate
-  by 42M tokens; the CPU's s Transformer at 3e-3 stayed at a logit top-1 of ~58 from 10M to 41M tokens (not
-  gated), and at 1e-2 its logits passed 1,500 within 10M tokens while Diff's λ fell to −189 (Diff broken), so s
-  trains between the two. At 8× that batch these rates are untested. A diverged run is recorded in
-  ``summary.json`` and its group stops; ``--lr`` sets one rate for every run.
+* Peak learning rate 3e-3: in part 1's sweep (xs, batch 16 × 512, still running when this was written) the
+  Transformer's logit top-1 grew faster at 3e-3 than at 1e-3; at 8× that batch 3e-3 is, if anything, on the
+  safe side. The s preset stays at 3e-3 too: on the CPU (batch 16) its Transformer did not gate at 3e-3 (logit
+  top-1 ~58 to 41M tokens) nor at 6e-3 (60-75 to 11M), and at 6e-3 and 1e-2 Diff's logits ran away (525 and
+  1,947 by 4.2M tokens) with its λ leaving its range (RESULTS.md, run 3), so a higher rate for s buys a broken
+  Diff, not a gated pair. A diverged run is recorded in ``summary.json`` and its group stops; ``--lr`` overrides
+  the value.
 """
 
 from __future__ import annotations
@@ -147,7 +148,6 @@ class Plan:
     deadlines: tuple[float, float, float] = (0.19, 0.78, 0.97)  # corpus, training, evaluation (× time limit)
     threads: int | None = None  # torch CPU threads (None: torch's default)
     block_points: int = 8  # emergence.md averages blocks of this many tracking intervals
-    preset_lr: dict = field(default_factory=dict)  # preset -> its peak learning rate where it is not ``lr``
 
     @property
     def tokens_per_step(self) -> int:
@@ -162,7 +162,7 @@ FULL = Plan(
     groups=(Group("xs", 0, (30 * M, 100 * M)), Group("xs", 1, (30 * M, 100 * M)), Group("xs", 2, (30 * M, 100 * M)),
             Group("s", 0, (30 * M, 100 * M)), Group("xs", 0, (250 * M,))),
     guess_tokens_per_s={"xs/transformer": 4.0e6, "xs/diff": 3.2e6, "s/transformer": 1.7e6, "s/diff": 1.4e6},
-    sweep_limits={"tinystories": None, "test": 200}, profile_tokens=None, preset_lr={"s": 6e-3})
+    sweep_limits={"tinystories": None, "test": 200}, profile_tokens=None)
 DRY = Plan(
     device="cpu", bf16=False, time_limit_s=600, corpus_tokens=3 * 4096, shard_tokens=4096, sample_batch=32,
     sample_max_len=128, batch_size=4, seq_len=64, lr=3e-3, warmup_steps=2, chunk_steps=8, track_every=4,
@@ -170,7 +170,7 @@ DRY = Plan(
     groups=(Group("xs", 0, (2048, 4096)), Group("xs", 1, (4096,)), Group("s", 0, (2048,)), Group("xs", 0, (8192,))),
     guess_tokens_per_s={"xs/transformer": 1e4, "xs/diff": 8e3, "s/transformer": 4e3, "s/diff": 3e3},
     sweep_limits={"tinystories": 1}, profile_tokens=2048, eval_batch=8, zeroshot_tasks={"copa": 8},
-    block_points=2, preset_lr={"s": 6e-3},
+    block_points=2,
     threads=1)  # more threads than idle cores makes torch's CPU kernels crawl (100x seen on a busy 2-core box)
 
 
@@ -288,12 +288,11 @@ def load_data(folder: Path) -> Data:
 
 # ------------------------------------------------------------------------------------------------ 2. training
 
-def train_config(plan: Plan, run: Run, steps: int, decay_start: int = NO_DECAY) -> TrainConfig:
+def train_config(plan: Plan, seed: int, steps: int, decay_start: int = NO_DECAY) -> TrainConfig:
     return TrainConfig(
-        tokens=steps * plan.tokens_per_step, batch_size=plan.batch_size, seq_len=plan.seq_len,
-        lr=plan.preset_lr.get(run.preset, plan.lr),
+        tokens=steps * plan.tokens_per_step, batch_size=plan.batch_size, seq_len=plan.seq_len, lr=plan.lr,
         warmup_steps=plan.warmup_steps, schedule="wsd", decay_start=decay_start, beta2=plan.beta2,
-        weight_decay=plan.weight_decay, bf16=plan.bf16, device=plan.device, seed=run.seed, init=plan.init,
+        weight_decay=plan.weight_decay, bf16=plan.bf16, device=plan.device, seed=seed, init=plan.init,
         eval_every=plan.chunk_steps, eval_tokens=plan.eval_tokens, save_every=plan.chunk_steps, snapshots=(),
         track_every=plan.track_every)
 
@@ -328,7 +327,7 @@ def train_stable(ctx: Context, runs: list[Run], target: int) -> bool:
         ctx.skip(f"{runs[0].preset}-s{runs[0].seed}: stable steps to {target} (~{need:.0f} s)")
         return False
     for run, steps in todo:
-        cfg = train_config(ctx.plan, run, target)
+        cfg = train_config(ctx.plan, run.seed, target)
         timed_train(ctx, run, cfg, run.stable_dir, steps, measure=True, resume=run.step() > 0)
     return True
 
@@ -348,7 +347,7 @@ def cool_down(ctx: Context, runs: list[Run], step: int, budget: int) -> dict | N
     for run in todo:
         out = run.cooled_dir(budget)
         shutil.rmtree(out, ignore_errors=True)  # an interrupted earlier attempt
-        cfg = train_config(ctx.plan, run, step + extra, decay_start=step)
+        cfg = train_config(ctx.plan, run.seed, step + extra, decay_start=step)
         timed_train(ctx, run, cfg, out, extra, measure=False,
                     branch_from=run.stable_dir / "branches" / f"step{step:06d}")
         shutil.rmtree(out / "state")  # finished: final/ and the log are what the verdicts read
@@ -511,14 +510,6 @@ def run(plan: Plan, out: Path) -> dict:
     return record
 
 
-def make_plan(args: argparse.Namespace) -> Plan:
-    """The dry or full plan with the command line's time limit and learning rate (one rate for every run)."""
-    plan = DRY if args.dry_run else FULL
-    if args.lr is not None:
-        plan = dataclasses.replace(plan, lr=args.lr, preset_lr={})
-    return plan if args.time_limit is None else dataclasses.replace(plan, time_limit_s=args.time_limit)
-
-
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
@@ -528,7 +519,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--lr", type=float, default=None, help="peak learning rate of every run")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    plan = make_plan(args)
+    plan = DRY if args.dry_run else FULL
+    overrides = {k: v for k, v in (("time_limit_s", args.time_limit), ("lr", args.lr)) if v is not None}
+    plan = dataclasses.replace(plan, **overrides)
     if plan.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("no CUDA GPU here: run with --dry-run, or on a GPU machine")
     if plan.threads:
