@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Cooldown branches of a long pair (experiments/campaign/long.sh; PRESET, SEED, LR, ARMS, EXTRA as there): from each
-# state both arms kept at step N (RUN/ARCH/branches/stepN), the same run continues N/4 more steps with the
+# Cooldown branches of a long pair (experiments/campaign/long.sh; PRESET, SEED, LR, ARMS, EXTRA as there): from
+# each state both arms kept at step N (RUN/ARCH/branches/stepN), the same run continues N/4 more steps with the
 # learning rate decaying linearly to 10% (wsd, decay from step N), so the decayed part is the last 20% as in part
 # 1's sweep.
 # Output: RUN/cooldown/ARCH-stepN (final/ and train_log.json; the resumable state is dropped once finished).

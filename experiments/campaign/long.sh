@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The long pair of the outlier-regime campaign (issue 13), one size (PRESET, default xs) and seed (SEED, default
-# 0): both arms at once (one core each, identical data order), lr LR (default 3e-3) held constant after warm-up to 30,720
-# steps (251.7M tokens), a resumable branch every 4,096 steps (33.6M tokens) for cooldowns
-# (experiments/campaign/cooldown.sh).
+# 0): both arms at once (one core each, identical data order), peak lr LR (default 3e-3; the run is PRESET-lrLR-sSEED)
+# held constant after warm-up to 30,720 steps (251.7M tokens), a resumable branch every 4,096 steps (33.6M tokens)
+# for cooldowns (experiments/campaign/cooldown.sh).
 # Resumable: rerun to continue from state/. UNTIL=N stops both arms after step N (a branch step: then cool it).
 #   [SEED=1] [PRESET=s] [UNTIL=16384] nohup bash experiments/campaign/long.sh > /dev/null 2>&1 &
 # ARMS (default "transformer diff"), TOKENS (default 251658240) and EXTRA (more train options) serve the
