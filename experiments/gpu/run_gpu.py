@@ -61,9 +61,9 @@ keeps the script inside 12 minutes whatever the real speed):
   Transformer's logit top-1 grew faster at 3e-3 than at 1e-3; at 8× that batch 3e-3 is, if anything, on the
   safe side. The s preset stays at 3e-3 too: on the CPU (batch 16) its Transformer did not gate at 3e-3 (logit
   top-1 ~58 to 41M tokens) nor at 6e-3 (60-75 to 11M), and at 6e-3 and 1e-2 Diff's logits ran away (525 and
-  1,947 by 4.2M tokens) with its λ leaving its range (RESULTS.md, run 3), so a higher rate for s buys a broken
-  Diff, not a gated pair. A diverged run is recorded in ``summary.json`` and its group stops; ``--lr`` overrides
-  the value.
+  1,947 by 4.2M tokens) with its λ sinking towards 0 (6e-3) or below it (1e-2; RESULTS.md, run 3), so a higher
+  rate for s buys a broken Diff, not a gated pair. A diverged run is recorded in ``summary.json`` and its group
+  stops; ``--lr`` overrides the value.
 """
 
 from __future__ import annotations
