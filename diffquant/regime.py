@@ -33,6 +33,7 @@ from .records import read_records
 from .report import comparison_rows, render_report
 from .sweep import run_sweep
 from .tables import PAPER_TABLE5, outlier_table, ratio_table, render
+from .tracking import diff_lambdas
 
 log = logging.getLogger(__name__)
 
@@ -63,12 +64,6 @@ def others(pair: dict) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------------ measuring
-
-def diff_lambdas(model) -> list[float] | None:
-    """Each Diff layer's λ (λ < 0: the layer adds its second map instead of subtracting it), None for other arms."""
-    attns = [layer.attn for layer in getattr(model, "layers", []) if getattr(layer.attn, "is_diff", False)]
-    return [float(attn.lambda_full().detach()) for attn in attns] or None
-
 
 def profile_pair(pair: dict, ids: np.ndarray, seq_len: int, batch_size: int, max_tokens: int | None = None,
                  device: str = "cpu", out: Path | None = None) -> dict[str, dict]:
@@ -248,10 +243,14 @@ def per_sequence(growth: dict) -> float | None:
     return growth[SEQUENCE] if SEQUENCE in growth else growth.get("tensor")
 
 
+def yes_no(flag: bool) -> str:
+    return "yes" if flag else "no"
+
+
 def gate_table(results: list[dict]) -> str:
     rows = [[r["pair"], tokens_label(r["tokens"]), _arms(r, r["logit_top1"], 1),
              _arms(r, {a: per_sequence(g) for a, g in r["ppl_growth_4bit"].items()}, 2),
-             "yes" if r["gate"] else "no", lambda_ranges(r.get("lambda", {}))] for r in results]
+             yes_no(r["gate"]), lambda_ranges(r.get("lambda", {}))] for r in results]
     header = ["pair", "tokens", "logit top-1", "ppl × at 4-bit logits, per sequence",
               f"gate (T top-1 ≥ {GATE_LOGIT_TOP1:g}, T ppl × ≥ {GATE_PPL_FACTOR:g})", "Diff λ over layers"]
     return render(header, rows)
@@ -311,7 +310,7 @@ def zeroshot_table(verdicts: list[dict]) -> str:
             acc, norm = by_key[(task, arch, "acc")], by_key[(task, arch, "acc_norm")]
             rows.append([v["pair"], task, arch, acc["n"], fmt(acc["accuracy"], 3), fmt(acc["uniform_chance"], 3),
                          fmt(acc["shuffled_chance"], 3), f"{acc['p']:.2g}", fmt(norm["accuracy"], 3),
-                         f"{norm['p']:.2g}", "yes" if task in v["above_chance"] else "no"])
+                         f"{norm['p']:.2g}", yes_no(task in v["above_chance"])])
     header = ["pair", "task", "arm", "items", "acc", "chance 1/k", "chance shuffled", "p (acc)", "acc_norm",
               "p (acc_norm)", "every arm above chance"]
     return render(header, rows)
@@ -334,7 +333,7 @@ def emergence_table(runs: dict[str, list[dict]]) -> str:
         for what, keys in (("every curve", BLOCK_KEYS), ("the ratios", ("ratio",))):
             if (flat := has_flattened(blocks, keys=keys)) is not None:
                 rows.append([run, f"flattened: {what} (|change| < {FLAT_CHANGE:.0%} in the last {FLAT_BLOCKS} "
-                             "blocks)", "", "yes" if flat else "no", *[""] * (3 * len(CURVES) - 1)])
+                             "blocks)", "", yes_no(flat), *[""] * (3 * len(CURVES) - 1)])
     header = ["run", "training tokens", "points", "logit top-1 T", "logit top-1 other", "T/other",
               "hidden top-1 T", "hidden top-1 other", "T/other"]
     return render(header, rows)
@@ -393,7 +392,7 @@ def trend_table(results: list[dict], other: str = "diff") -> str:
     for run, pairs in trend_runs(results, other).items():
         for r in pairs:
             vs, growth = r["versus"][other], r["ppl_growth_4bit"]
-            rows.append([run, tokens_label(r["tokens"]), "yes" if r["gate"] else "no", vs["logit_ratio"],
+            rows.append([run, tokens_label(r["tokens"]), yes_no(r["gate"]), vs["logit_ratio"],
                          vs["hidden_ratio"],
                          f"{fmt(per_sequence(growth['transformer']))} / {fmt(per_sequence(growth[other]))}",
                          *(interval(advantage_of(vs, scheme)) for _, scheme in TREND_ADVANTAGES)])

@@ -43,13 +43,20 @@ def outlier_point(model: nn.Module, batch: torch.Tensor) -> list[dict]:
         report = profile(model, [batch], sites=TRACKED_SITES, topk=TOPK, n_locations=1, progress=False)
     finally:
         model.train(was_training)
+    lambdas = diff_lambdas(model)
     layers = []
     for entry in report.data["layers"]:
         point = {"layer": entry["layer"], **{site: _site_point(entry[site]) for site in TRACKED_SITES if site in entry}}
-        attn = model.layers[entry["layer"]].attn if hasattr(model, "layers") else None
-        if attn is not None and getattr(attn, "is_diff", False):
-            point["lambda"] = float(attn.lambda_full())
-            point["lambda_init"] = attn.lambda_init
+        if lambdas:
+            point["lambda"] = lambdas[entry["layer"]]
+            point["lambda_init"] = model.layers[entry["layer"]].attn.lambda_init
         layers.append(point)
     return layers
+
+
+def diff_lambdas(model: nn.Module) -> list[float] | None:
+    """Each layer's λ of a Diff model (λ < 0: the layer adds its second map instead of subtracting it), None for
+    other models."""
+    attns = [layer.attn for layer in getattr(model, "layers", []) if getattr(layer.attn, "is_diff", False)]
+    return [float(attn.lambda_full().detach()) for attn in attns] or None
 

@@ -76,9 +76,6 @@ def run(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    # Outlier-regime models (logits in the hundreds) fill softmax and its gradients with denormals, which run
-    # 2-3x slower on x86; flushing them to zero moves nothing above 1.2e-38 (the log header records it).
-    torch.set_flush_denormal(True)
     _stop_on_signals()
     overrides = {"attn_impl": args.attn_impl}
     if args.lambda_init is not None:
@@ -98,6 +95,9 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--seq-len {cfg.seq_len} exceeds the preset's max_seq_len {model_cfg.max_seq_len}")
     train_ids, val_ids, provenance, files = _data(args, model_cfg)
     provenance["command"] = "diffquant " + " ".join(sys.argv[1:])
+    # Outlier-regime models (logits in the hundreds) fill softmax and its gradients with denormals, which run
+    # 2-3x slower on x86; flushing them to zero moves nothing above 1.2e-38 (the log header records it).
+    torch.set_flush_denormal(True)
     try:
         record = train(model_cfg, cfg, args.out, train_ids, val_ids, resume=args.resume, init_from=args.init_from,
                        provenance=provenance, branch_from=args.branch_from, files=files, stop_at=args.stop_at)

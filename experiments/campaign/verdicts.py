@@ -39,7 +39,6 @@ from diffquant.io import atomic_write_text
 from diffquant.plots import plot_tracked
 from diffquant.records import read_records
 from diffquant.regime import (
-    diff_lambdas,
     profile_pair,
     sweep_pair,
     sweep_path,
@@ -51,6 +50,7 @@ from diffquant.regime import (
     zeroshot_check,
 )
 from diffquant.tokenizer import Tokenizer
+from diffquant.tracking import diff_lambdas
 
 REPO = Path(__file__).resolve().parents[2]
 CORPUS = REPO / "experiments/corpus/stories260k-s0"
