@@ -15,7 +15,7 @@ import torch
 
 from ..config import ModelConfig
 from ..errors import first_line
-from ..io import read_json_file, write_safetensors
+from ..io import write_safetensors
 from ..model import LM, build_model
 from .files import (
     CONFIG_FILE,
@@ -25,6 +25,7 @@ from .files import (
     atomic_folder,
     check_header,
     read_header,
+    read_json,
     read_tensors,
 )
 
@@ -78,9 +79,8 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, torch.Size]:
 def read_config(path: Path) -> ModelConfig:
     """The ``ModelConfig`` of a native (or packed) checkpoint folder."""
     cfg_file = path / CONFIG_FILE
-    if not cfg_file.is_file():
-        raise CheckpointError(f"{path} has no {CONFIG_FILE}")
+    data = read_json(cfg_file)  # its errors name the file already
     try:
-        return ModelConfig.from_dict(read_json_file(cfg_file))
+        return ModelConfig.from_dict(data)
     except (ValueError, TypeError) as exc:
         raise CheckpointError(f"{cfg_file}: {first_line(exc)}") from None

@@ -8,6 +8,8 @@ paths by name; ``argv`` is formatted with ``w`` and those paths.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from . import hostile as h
@@ -241,6 +243,7 @@ def test_hostile_input_is_one_line_and_exit_2(case, work, tmp_path, capsys):
     assert err.startswith("diffquant: error:") and err.count("\n") == 1, err
     assert words in err, err
     assert "Traceback" not in err
+    assert not re.search(r"(?<!\S)(\S+): \1 ", err), err  # each layer names the file once
     after = fingerprint(*[p for p in names.values() if p.exists()])
     assert {k: v for k, v in after.items() if k in before} == before  # no input changed
 
