@@ -29,7 +29,7 @@ from tqdm import tqdm
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import ModelConfig
 from .errors import UserError
-from .io import atomic_dir, atomic_path, atomic_write_text
+from .io import atomic_dir, atomic_path, atomic_write_text, read_json_file
 from .model import LM, build_model, num_params
 from .tracking import outlier_point
 
@@ -43,6 +43,8 @@ SCHEDULES = ("cosine", "linear", "constant", "wsd")
 # make a clipped xs training step ~5x faster on CPU than whole 512x512 maps (experiments/bench_train.py).
 EAGER_CHUNK = 64
 BRANCH_KEYS = ("batch_size", "seq_len", "lr", "seed", "beta1", "beta2", "weight_decay", "warmup_steps", "init")
+# a resume continues the same run: the branch's keys and the schedule
+RESUME_KEYS = BRANCH_KEYS + ("tokens", "schedule", "decay_start", "cooldown_frac", "min_lr_ratio", "grad_clip")
 
 
 @dataclass(frozen=True)
@@ -228,8 +230,9 @@ def train(
         raise ValueError(f"stop_at must be a positive step, not {stop_at}")
     end = cfg.steps if stop_at is None else min(stop_at, cfg.steps)
     if resume:
-        model, moments, start, history = load_state(out, device)
+        model, moments, start, history, saved_cfg = load_state_dir(out / STATE_DIR, device)
         _check_same_model(model.config, model_cfg, out / STATE_DIR)
+        _check_same_run(saved_cfg, cfg, start, out / STATE_DIR)
     else:
         if out.exists() and any(out.iterdir()):
             raise FileExistsError(f"{out} is not empty; pass resume=True (--resume) to continue that run")
@@ -250,6 +253,8 @@ def train(
     val = eval_windows(val_data, cfg.seq_len, cfg.eval_tokens)
     track = val[:cfg.track_windows, :-1].contiguous()
     log_base = _log_header(model, cfg, out, train_data, val_data, init_from, provenance, branch_from)
+    if resume:
+        _check_same_data(out / LOG_FILE, log_base["data"])
 
     def save(step: int, folder: Path) -> None:
         save_state(folder, model, opt, step, history, cfg, files)
@@ -319,6 +324,24 @@ def _pause(out: Path, log_base: dict, history: dict, start: int, end: int, save)
 def _check_same_model(saved: ModelConfig, requested: ModelConfig, where: Path) -> None:
     if dataclasses.replace(saved, attn_impl="eager") != dataclasses.replace(requested, attn_impl="eager"):
         raise ValueError(f"{where} holds a different model config than the one requested")
+
+
+def _check_same_run(saved: dict, cfg: TrainConfig, start: int, where: Path) -> None:
+    # before any decay (constant, or wsd short of an explicit decay_start) the budget may grow or shrink
+    open_ended = cfg.schedule == "constant" or (cfg.schedule == "wsd" and start < (cfg.decay_start or -1))
+    keys = [k for k in RESUME_KEYS if not (k == "tokens" and open_ended)]
+    changed = [f"{k} {saved[k]} (asked {getattr(cfg, k)})" for k in keys if k in saved and saved[k] != getattr(cfg, k)]
+    if changed:
+        raise ValueError(f"{where} was trained with {', '.join(changed)}; a resume must keep them "
+                         "(--branch-from starts a new run from it)")
+
+
+def _check_same_data(log_file: Path, data: dict) -> None:
+    saved = read_json_file(log_file).get("data", {}) if log_file.is_file() else {}
+    for key in ("train_tokens_sha256", "val_tokens_sha256"):
+        if saved.get(key, data[key]) != data[key]:
+            raise ValueError(f"{log_file.parent} was trained on other {key.split('_')[0]} tokens ({key} differs); "
+                             "a resume must use the same data")
 
 
 def _check_branch(saved: ModelConfig, requested: ModelConfig, origin: dict, cfg: TrainConfig, start: int,

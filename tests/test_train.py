@@ -83,6 +83,28 @@ def test_stop_at_then_resume_is_bit_identical(tmp_path, shakespeare_bytes):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_a_resume_refuses_another_run_but_a_constant_schedule_may_grow(tmp_path, shakespeare_bytes):
+    train_ids, val_ids = shakespeare_bytes
+    cfg = ModelConfig.preset("tiny", attn_impl="sdpa")
+    for schedule in ("cosine", "constant"):
+        out = tmp_path / schedule
+        train(cfg, tiny_run(tokens=12 * 8 * 32, schedule=schedule), out, train_ids, val_ids, stop_at=4)
+        for changed, words in ((dict(lr=1e-3), r"lr 0.003 \(asked 0.001\)"), (dict(seed=8), r"seed 7 \(asked 8\)"),
+                               (dict(schedule="linear" if schedule == "cosine" else "cosine"), "schedule")):
+            with pytest.raises(ValueError, match=words):
+                train(cfg, tiny_run(**{"tokens": 12 * 8 * 32, "schedule": schedule, **changed}), out, train_ids,
+                      val_ids, resume=True)
+        with pytest.raises(ValueError, match="other train tokens"):
+            train(cfg, tiny_run(tokens=12 * 8 * 32, schedule=schedule), out, train_ids[1:], val_ids, resume=True)
+        longer = tiny_run(tokens=16 * 8 * 32, schedule=schedule)
+        if schedule == "cosine":  # more steps would re-draw its decay under the steps already taken
+            with pytest.raises(ValueError, match="tokens 3072"):
+                train(cfg, longer, out, train_ids, val_ids, resume=True)
+        else:
+            assert train(cfg, longer, out, train_ids, val_ids, resume=True)["step"] == 16
+    assert tr.load_state(tmp_path / "cosine", "cpu")[2] == 4  # the refused resumes left the state as it was
+
+
 def test_init_from_continues_from_given_weights(tmp_path, shakespeare_bytes):
     train_ids, val_ids = shakespeare_bytes
     cfg = ModelConfig.preset("tiny", attn_impl="sdpa")
