@@ -21,10 +21,10 @@ mkdir -p "$out/final" && touch "$out/final/model.safetensors"
 """
 
 
-def run_script(tmp_path: Path, script: str, **env: str) -> list[list[str]]:
+def run_script(tmp_path: Path, script: str, fake_train: str = FAKE_TRAIN, **env: str) -> list[list[str]]:
     """Run a campaign script with RUN under tmp_path and the stand-in for `diffquant`; the train calls it made."""
     fake, calls = tmp_path / "dq", tmp_path / "calls"
-    fake.write_text(FAKE_TRAIN)
+    fake.write_text(fake_train)
     fake.chmod(0o755)
     script_vars = ("EXTRA", "ARMS", "TOKENS", "SEED", "PRESET", "LR", "UNTIL", "BRANCHES")
     base = {k: v for k, v in os.environ.items() if k not in script_vars}
@@ -134,3 +134,23 @@ def test_cooldown_cools_every_branch_or_those_asked(tmp_path, branches, cooled):
     for call in calls:
         step = int(option(call, "--decay-start"))
         assert int(option(call, "--tokens")) == (step + step // 4) * 16 * 512
+
+
+def test_budget_cools_each_arm_as_soon_as_it_reaches_the_step(tmp_path):
+    slow_diff = FAKE_TRAIN.replace('echo "$*" >> "$CALLS"', 'echo "$*" >> "$CALLS"; args="$*"') + (
+        '[[ -n "${branch:-}" || "$args" != *"--arch diff"* ]] || { sleep 2; echo "diff reached" >> "$CALLS"; }\n')
+    calls = run_script(tmp_path, "budget.sh", fake_train=slow_diff, UNTIL="4096", PRESET="s")
+    names = [("cool " if "--branch-from" in c else "") + option(c, "--arch") if "--arch" in c else " ".join(c)
+             for c in calls]
+    assert names.index("cool transformer") < names.index("diff reached") < names.index("cool diff")
+    assert all(option(c, "--stop-at") == "4096" for c in calls if "--stop-at" in c) and len(calls) == 5
+    assert all(option(c, "--preset") == "s" for c in calls if "--arch" in c)
+    for arch in ("transformer", "diff"):
+        assert (tmp_path / "run" / "cooldown" / f"{arch}-step004096" / "final").is_dir()
+
+
+def test_budget_asks_for_its_step(tmp_path):
+    env = {**os.environ, "RUN": str(tmp_path / "run")}
+    env.pop("UNTIL", None)
+    done = subprocess.run(["bash", str(CAMPAIGN / "budget.sh")], env=env, capture_output=True, text=True)
+    assert done.returncode == 2 and "set UNTIL" in done.stderr and not (tmp_path / "run").exists()
