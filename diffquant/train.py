@@ -326,11 +326,16 @@ def _check_same_model(saved: ModelConfig, requested: ModelConfig, where: Path) -
         raise ValueError(f"{where} holds a different model config than the one requested")
 
 
+def _changed_keys(saved: dict, cfg: TrainConfig, keys) -> list[str]:
+    """The ``keys`` a saved train config holds with other values than ``cfg`` (older states lack some)."""
+    return [k for k in keys if k in saved and saved[k] != getattr(cfg, k)]
+
+
 def _check_same_run(saved: dict, cfg: TrainConfig, start: int, where: Path) -> None:
     # before any decay (constant, or wsd short of an explicit decay_start) the budget may grow or shrink
     open_ended = cfg.schedule == "constant" or (cfg.schedule == "wsd" and start < (cfg.decay_start or -1))
     keys = [k for k in RESUME_KEYS if not (k == "tokens" and open_ended)]
-    changed = [f"{k} {saved[k]} (asked {getattr(cfg, k)})" for k in keys if k in saved and saved[k] != getattr(cfg, k)]
+    changed = [f"{k} {saved[k]} (asked {getattr(cfg, k)})" for k in _changed_keys(saved, cfg, keys)]
     if changed:
         raise ValueError(f"{where} was trained with {', '.join(changed)}; a resume must keep them "
                          "(--branch-from starts a new run from it)")
@@ -348,7 +353,7 @@ def _check_branch(saved: ModelConfig, requested: ModelConfig, origin: dict, cfg:
                   where: Path) -> None:
     """A branch continues its run: same model, same data order and optimizer settings, more steps."""
     _check_same_model(saved, requested, where)
-    changed = [k for k in BRANCH_KEYS if k in origin and origin[k] != getattr(cfg, k)]
+    changed = _changed_keys(origin, cfg, BRANCH_KEYS)
     if changed:
         raise ValueError(f"{where} was trained with other {', '.join(changed)}; a branch must keep them")
     if cfg.steps <= start:
