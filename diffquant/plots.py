@@ -11,6 +11,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only; never a window
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter  # noqa: E402
 
 from .emergence import tracked_curve  # noqa: E402
@@ -155,14 +156,16 @@ def plot_trend(series: dict[str, list[dict]], path: str | Path, paper: tuple[flo
     with its paired 95% interval.
 
     ``series`` maps a run to points ``{"tokens", "logit_ratio", "hidden_ratio", "advantage": {"advantage",
-    "low", "high"} | None}``; ``scheme`` names the advantage's scheme and task for the axis title.
+    "low", "high"} | None, "gate": bool}``; a point whose Transformer is below the gate (``gate`` False; absent
+    means passed) is drawn hollow, since it counts for no verdict. ``scheme`` names the advantage's scheme and
+    task for the axis title.
     """
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.6))
     for i, (run, points) in enumerate(series.items()):
         points = sorted(points, key=lambda q: q["tokens"])
-        style = dict(color=f"C{i % 10}", marker=MARKERS[i % len(MARKERS)], label=run)
+        style = dict(color=f"C{i % 10}", marker=MARKERS[i % len(MARKERS)])
         xs = [q["tokens"] for q in points]
-        axes[0].plot(xs, [q["logit_ratio"] for q in points], **style)
+        axes[0].plot(xs, [q["logit_ratio"] for q in points], label=run, **style)
         axes[1].plot(xs, [q["hidden_ratio"] for q in points], **style)
         adv = [(q["tokens"], q["advantage"]) for q in points if q.get("advantage")]
         if adv:
@@ -170,6 +173,7 @@ def plot_trend(series: dict[str, list[dict]], path: str | Path, paper: tuple[flo
             above = [a["high"] - a["advantage"] for _, a in adv]
             axes[2].errorbar([t for t, _ in adv], [a["advantage"] for _, a in adv], yerr=[below, above], capsize=3,
                              **style)
+        _hollow_ungated(axes, points, style)
     for ax, ref, title in zip(axes[:2], paper or (None, None), ("attention logits", "hidden states"), strict=True):
         ax.axhline(1.0, color="grey", lw=0.8)
         if ref:
@@ -190,9 +194,23 @@ def plot_trend(series: dict[str, list[dict]], path: str | Path, paper: tuple[flo
         ax.xaxis.set_minor_formatter(NullFormatter())
         ax.tick_params(axis="x", labelrotation=45, labelsize=8)  # budgets 126M and 168M sit close on a log axis
     handles, labels = axes[0].get_legend_handles_labels()
+    if any(q.get("gate") is False for points in series.values() for q in points):
+        handles.append(Line2D([], [], color="grey", marker="o", markerfacecolor="white", linestyle="none"))
+        labels.append("hollow: Transformer below the gate")
     fig.legend(handles, labels, loc="lower center", ncol=min(6, len(labels)), fontsize=7, frameon=False)
     fig.tight_layout(rect=(0, 0.06 + 0.03 * (len(labels) // 6), 1, 1))
     return _save(fig, path)
+
+
+def _hollow_ungated(axes, points: list[dict], style: dict) -> None:
+    """Redraw a run's points whose Transformer is below the gate with hollow markers (over the filled ones)."""
+    ungated = [q for q in points if q.get("gate") is False]
+    values = (lambda q: q["logit_ratio"], lambda q: q["hidden_ratio"],
+              lambda q: q["advantage"]["advantage"] if q.get("advantage") else None)
+    for ax, value in zip(axes, values, strict=True):
+        marked = [(q["tokens"], value(q)) for q in ungated if value(q) is not None]
+        if marked:
+            ax.plot(*zip(*marked, strict=True), linestyle="none", markerfacecolor="white", zorder=3, **style)
 
 
 # ---------------------------------------------------------------------------------------------------- Figure 8

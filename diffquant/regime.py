@@ -403,10 +403,10 @@ def trend_table(results: list[dict], other: str = "diff") -> str:
 
 def plot_trend(results: list[dict], path: Path, other: str = "diff") -> None:
     """Transformer / ``other`` ratios and ``other``'s 4-bit advantage against training tokens, cooled pairs only,
-    one line per run (:func:`trend_runs`)."""
+    one line per run (:func:`trend_runs`), the pairs below the gate hollow."""
     series = {run: [{"tokens": r["tokens"], "logit_ratio": r["versus"][other]["logit_ratio"],
                      "hidden_ratio": r["versus"][other]["hidden_ratio"],
-                     "advantage": advantage_of(r["versus"][other], TREND_SCHEME)} for r in pairs]
+                     "advantage": advantage_of(r["versus"][other], TREND_SCHEME), "gate": r["gate"]} for r in pairs]
               for run, pairs in trend_runs(results, other).items()}
     if series:
         paper = None if other != "diff" else tuple(

@@ -125,7 +125,7 @@ def test_trend_lines_join_only_cooled_budgets_of_one_run(monkeypatch, tmp_path):
     drawn = {}
     monkeypatch.setattr(regime, "draw_trend", lambda series, path, paper, scheme: drawn.update(series, paper=paper))
     scheme = f"{regime.TREND_SCHEME} (first 48)"
-    pairs = [{**PAIR, "pair": name, "run": run, "tokens": tokens, "cooled": cooled,
+    pairs = [{**PAIR, "pair": name, "run": run, "tokens": tokens, "cooled": cooled, "gate": tokens != 40,
               "versus": {"diff": {"logit_ratio": tokens / 10, "hidden_ratio": 1.0,
                                   "advantage_4bit": {scheme: {"advantage": -0.1, "low": -0.2, "high": 0.0},
                                                      "attn_logits/head test": {}}}}}
@@ -133,6 +133,7 @@ def test_trend_lines_join_only_cooled_budgets_of_one_run(monkeypatch, tmp_path):
                                                ("b-80M", "lr3e-3", 80, True), ("b-raw", "lr3e-3", 90, False))]
     regime.plot_trend(pairs, tmp_path / "trend.png")
     assert [q["tokens"] for q in drawn["lr3e-3"]] == [40, 80]  # the uncooled budget stays out
+    assert [q["gate"] for q in drawn["lr3e-3"]] == [False, True]
     assert [q["logit_ratio"] for q in drawn["lr1e-2"]] == [0.6]
     assert drawn["lr3e-3"][0]["advantage"] == {"advantage": -0.1, "low": -0.2, "high": 0.0}
     assert drawn["paper"] == pytest.approx((318.0 / 38.8, 3608.6 / 1688.2))  # Table 5's 8.2× and 2.1×
@@ -171,6 +172,27 @@ def test_trend_figure_is_drawn(tmp_path):
                             "advantage": {"advantage": -0.2, "low": -0.3, "high": -0.1} if t > 10 else None}
                            for t in (6e6, 4e7, 8e7)] for i in range(3)}
     assert plot_trend(series, tmp_path / "trend.png", paper=(8.2, 2.1), scheme="s").stat().st_size > 10_000
+
+
+def test_trend_figure_draws_ungated_points_hollow(monkeypatch, tmp_path):
+    from diffquant import plots
+
+    figures = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append(fig))
+    advantage = {"advantage": -0.2, "low": -0.3, "high": -0.1}
+    series = {"gated run": [{"tokens": t, "logit_ratio": 1.3, "hidden_ratio": 0.9, "advantage": advantage}
+                            for t in (4e7, 8e7)],
+              "ungated run": [{"tokens": t, "logit_ratio": 1.2, "hidden_ratio": 0.8, "advantage": advantage,
+                               "gate": t > 5e7} for t in (4e7, 8e7)]}
+    plots.plot_trend(series, tmp_path / "trend.png")
+
+    def hollow(ax) -> list[tuple]:
+        return [tuple(line.get_xdata()) for line in ax.get_lines() if line.get_markerfacecolor() == "white"]
+
+    axes = figures[0].axes
+    assert [hollow(ax) for ax in axes] == [[(4e7,)]] * 3  # only the ungated point, in every panel
+    labels = [t.get_text() for t in figures[0].legends[0].get_texts()]
+    assert labels == ["gated run", "ungated run", "hollow: Transformer below the gate"]
 
 
 def test_log_axis_labels_only_spaced_minor_ticks():
