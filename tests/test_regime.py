@@ -192,6 +192,7 @@ def test_trend_figure_draws_ungated_points_hollow(monkeypatch, tmp_path):
     axes = figures[0].axes
     assert [hollow(ax) for ax in axes] == [[(4e7,)]] * 3  # only the ungated point, in every panel
     labels = [t.get_text() for t in figures[0].legends[0].get_texts()]
+    plots.plt.close(figures[0])
     assert labels == ["gated run", "ungated run", "hollow: Transformer below the gate"]
 
 
