@@ -38,10 +38,10 @@ log = logging.getLogger(__name__)
 STATE_DIR, FINAL_DIR, SNAPSHOT_DIR, LOG_FILE = "state", "final", "snapshots", "train_log.json"
 BRANCH_DIR = "branches"  # resumable states of the stable phase: cooldowns branch from them
 SCHEDULES = ("cosine", "linear", "constant", "wsd")
-# Settings a cooldown branch must share with the run it branches from (same model, same data order).
 # Eager attention (always for the clipped arm) in chunks of this many queries: score tensors that fit in cache
 # make a clipped xs training step ~5x faster on CPU than whole 512x512 maps (experiments/bench_train.py).
 EAGER_CHUNK = 64
+# Settings a cooldown branch must share with the run it branches from (same model, same data order).
 BRANCH_KEYS = ("batch_size", "seq_len", "lr", "seed", "beta1", "beta2", "weight_decay", "warmup_steps", "init")
 # a resume continues the same run: the branch's keys and the schedule
 RESUME_KEYS = BRANCH_KEYS + ("tokens", "schedule", "decay_start", "cooldown_frac", "min_lr_ratio", "grad_clip")
@@ -331,10 +331,23 @@ def _changed_keys(saved: dict, cfg: TrainConfig, keys) -> list[str]:
     return [k for k in keys if k in saved and saved[k] != getattr(cfg, k)]
 
 
+def _resume_keys(cfg: TrainConfig, start: int) -> list[str]:
+    """The RESUME_KEYS that decide the steps after ``start``: before any decay (constant, or wsd short of an
+    explicit decay_start) the budget may grow or shrink, and what the schedule never reads may change."""
+    unread = set()
+    if cfg.schedule == "constant" or (cfg.schedule == "wsd" and start < (cfg.decay_start or -1)):
+        unread.add("tokens")
+    if cfg.schedule != "wsd":
+        unread.add("decay_start")
+    if cfg.schedule != "wsd" or cfg.decay_start is not None:
+        unread.add("cooldown_frac")
+    if cfg.schedule == "constant":
+        unread.add("min_lr_ratio")
+    return [k for k in RESUME_KEYS if k not in unread]
+
+
 def _check_same_run(saved: dict, cfg: TrainConfig, start: int, where: Path) -> None:
-    # before any decay (constant, or wsd short of an explicit decay_start) the budget may grow or shrink
-    open_ended = cfg.schedule == "constant" or (cfg.schedule == "wsd" and start < (cfg.decay_start or -1))
-    keys = [k for k in RESUME_KEYS if not (k == "tokens" and open_ended)]
+    keys = _resume_keys(cfg, start)
     changed = [f"{k} {saved[k]} (asked {getattr(cfg, k)})" for k in _changed_keys(saved, cfg, keys)]
     if changed:
         raise ValueError(f"{where} was trained with {', '.join(changed)}; a resume must keep them "

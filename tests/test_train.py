@@ -105,6 +105,22 @@ def test_a_resume_refuses_another_run_but_a_constant_schedule_may_grow(tmp_path,
     assert tr.load_state(tmp_path / "cosine", "cpu")[2] == 4  # the refused resumes left the state as it was
 
 
+@pytest.mark.parametrize("schedule, unread, read", [
+    ("constant", dict(cooldown_frac=0.5, min_lr_ratio=0.5, decay_start=3), None),
+    ("cosine", dict(cooldown_frac=0.5, decay_start=3), dict(min_lr_ratio=0.5)),
+    ("wsd", dict(), dict(cooldown_frac=0.5))])
+def test_a_resume_ignores_only_what_its_schedule_never_reads(tmp_path, shakespeare_bytes, schedule, unread, read):
+    train_ids, val_ids = shakespeare_bytes
+    cfg = ModelConfig.preset("tiny", attn_impl="sdpa")
+    run = dict(tokens=8 * 8 * 32, schedule=schedule)
+    train(cfg, tiny_run(**run), tmp_path, train_ids, val_ids, stop_at=4)
+    if read:
+        key = next(iter(read))
+        with pytest.raises(ValueError, match=key):
+            train(cfg, tiny_run(**run, **read), tmp_path, train_ids, val_ids, resume=True)
+    assert train(cfg, tiny_run(**run, **unread), tmp_path, train_ids, val_ids, resume=True)["step"] == 8
+
+
 def test_init_from_continues_from_given_weights(tmp_path, shakespeare_bytes):
     train_ids, val_ids = shakespeare_bytes
     cfg = ModelConfig.preset("tiny", attn_impl="sdpa")
