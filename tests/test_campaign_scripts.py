@@ -93,7 +93,8 @@ def fake_arm(run: Path, arch: str, step: int, branches: dict[int, str]) -> None:
         (run / arch / "branches" / f"step{branch:06d}").mkdir(parents=True)
         out = run / "cooldown" / f"{arch}-step{branch:06d}"
         if cooldown:  # a cooldown's budget is its own: 5/4 of the branch step (cooldown.sh)
-            record = {"train_config": {"tokens": (branch + branch // 4) * 16 * 512}}
+            steps = branch + branch // 4
+            record = {"train_config": {"tokens": steps * 16 * 512}, "step": steps if cooldown == "done" else 37}
             part = out / ("train_log.json" if cooldown == "done" else "state/trainer.json")
             part.parent.mkdir(parents=True)
             part.write_text(json.dumps(record))
@@ -112,10 +113,10 @@ def test_status_reports_steps_branches_and_cooldowns(tmp_path):
     rows = status.campaign_status(tmp_path)
     assert [(r["run"], r["arch"], r["step"], r["steps"]) for r in rows] == [
         ("xs-s0", "transformer", 40, 64), ("xs-s0", "diff", 33, 64), ("xs-s0-lambda0.8", "diff", 16, 64)]
-    assert (rows[0]["cooled"], rows[0]["cooling"], rows[0]["uncooled"]) == ([20 * 8192], [40 * 8192], [])
+    assert (rows[0]["cooled"], rows[0]["cooling"], rows[0]["uncooled"]) == ([20 * 8192], [(40 * 8192, 37)], [])
     assert (rows[1]["cooled"], rows[1]["cooling"], rows[1]["uncooled"]) == ([20 * 8192], [], [32])
     line = status.table(rows).splitlines()[2]  # 16 + 4 steps of 8,192 tokens = 0.16M; 40 steps = 0.33M
-    assert line == "| xs-s0 | transformer | 40 (0.3M) | 64 | - / - | 0.2M | 0.3M | - | 24 |"  # nothing tracked yet
+    assert line == "| xs-s0 | transformer | 40 (0.3M) | 64 | - / - | 0.2M | 0.3M (step 37 of 40) | - | 24 |"
     point = {"tokens": 40 * 8192, "layers": [{"attn_logits": {"top1": 61.25}, "hidden": {"top1": 7.0}},
                                              {"attn_logits": {"top1": 12.0}, "hidden": {"top1": 155.5}}]}
     log = {"history": {"outliers": [{"tokens": 0, "layers": []}, point]}}

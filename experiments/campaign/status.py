@@ -1,5 +1,5 @@
 """Where the campaign's runs stand: each arm's stable step, its latest tracked outliers, its branches, which are
-cooled, and the steps left.
+cooled, how far each running cooldown has got (its last saved step), and the steps left.
 
     python experiments/campaign/status.py [--root experiments/campaign]
 
@@ -26,17 +26,19 @@ def branch_steps(run: Path, arch: str) -> list[int]:
     return sorted(int(p.name.removeprefix("step")) for p in (run / arch / "branches").glob("step*"))
 
 
-def cooldown(run: Path, arch: str, step: int) -> tuple[str, int]:
-    """('done' | 'running' | '', the token budget it ends at) for the cooldown of branch ``step``; the budget is
-    read from the cooldown's own log (done) or resumable state (running), so no rule of cooldown.sh is restated."""
+def cooldown(run: Path, arch: str, step: int) -> tuple[str, int, int]:
+    """('done' | 'running' | '', the token budget it ends at, the step it has reached) for the cooldown of branch
+    ``step``; both are read from the cooldown's own log (done) or resumable state (running), so no rule of
+    cooldown.sh is restated."""
     out = run / "cooldown" / f"{arch}-step{step:06d}"
     if (out / "final" / "model.safetensors").is_file():
         state, record = "done", out / "train_log.json"
     elif (out / "state" / "trainer.json").is_file():
         state, record = "running", out / "state" / "trainer.json"
     else:
-        return "", 0
-    return state, json.loads(record.read_text())["train_config"]["tokens"]
+        return "", 0, 0
+    meta = json.loads(record.read_text())
+    return state, meta["train_config"]["tokens"], meta["step"]
 
 
 def latest_tracked(run: Path, arch: str) -> tuple[float | None, float | None]:
@@ -49,7 +51,7 @@ def latest_tracked(run: Path, arch: str) -> tuple[float | None, float | None]:
 
 def arm_status(run: Path, arch: str) -> dict | None:
     """The stable phase of one arm: steps done and planned, tokens per step, branches and their cooldowns
-    (cooled and cooling: the budgets they end at; uncooled: the branch steps)."""
+    (cooled: the budgets they end at; cooling: (that budget, the step reached); uncooled: the branch steps)."""
     state = run / arch / "state" / "trainer.json"
     if not state.is_file():
         return None
@@ -59,9 +61,9 @@ def arm_status(run: Path, arch: str) -> dict | None:
     cooldowns = {b: cooldown(run, arch, b) for b in branch_steps(run, arch)}
     return {"run": run.name, "arch": arch, "step": step, "steps": cfg["tokens"] // per_step,
             "tokens_per_step": per_step, "tracked": latest_tracked(run, arch),
-            "cooled": [tokens for c, tokens in cooldowns.values() if c == "done"],
-            "cooling": [tokens for c, tokens in cooldowns.values() if c == "running"],
-            "uncooled": [b for b, (c, _) in cooldowns.items() if not c]}
+            "cooled": [tokens for c, tokens, _ in cooldowns.values() if c == "done"],
+            "cooling": [(tokens, at) for c, tokens, at in cooldowns.values() if c == "running"],
+            "uncooled": [b for b, (c, _, _) in cooldowns.items() if not c]}
 
 
 def campaign_status(root: Path) -> list[dict]:
@@ -76,6 +78,10 @@ def millions(tokens: list[int]) -> str:
     return ", ".join(f"{t / 1e6:.1f}M" for t in tokens) or "-"
 
 
+def cooling(runs: list[tuple[int, int]], tokens_per_step: int) -> str:
+    return ", ".join(f"{millions([t])} (step {at} of {t // tokens_per_step})" for t, at in runs) or "-"
+
+
 def maxima(tracked: tuple[float | None, float | None]) -> str:
     return " / ".join("-" if v is None else f"{v:.1f}" for v in tracked)
 
@@ -85,7 +91,8 @@ def table(rows: list[dict]) -> str:
              "branch not cooled | steps left |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['run']} | {r['arch']} | {r['step']} ({millions([r['step'] * r['tokens_per_step']])}) | "
-                     f"{r['steps']} | {maxima(r['tracked'])} | {millions(r['cooled'])} | {millions(r['cooling'])} | "
+                     f"{r['steps']} | {maxima(r['tracked'])} | {millions(r['cooled'])} | "
+                     f"{cooling(r['cooling'], r['tokens_per_step'])} | "
                      f"{', '.join(map(str, r['uncooled'])) or '-'} | {r['steps'] - r['step']} |")
     return "\n".join(lines)
 
