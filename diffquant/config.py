@@ -119,8 +119,9 @@ class ModelConfig(JsonConfig):
 
     def _as_transformer(self) -> ModelConfig:
         if self.arch == "diff":
+            # λ_init is Diff-only: a constant-λ ablation's partner is the plain Transformer
             return dataclasses.replace(self, arch="transformer", n_heads=self.n_heads * 2,
-                                       n_kv_heads=self.n_kv_heads * 2)
+                                       n_kv_heads=self.n_kv_heads * 2, lambda_init=None)
         if self.arch == "gated":
             return dataclasses.replace(self, arch="transformer", ffn_dim=self.ffn_dim + gate_ffn_cut(self))
         return dataclasses.replace(self, arch="transformer")

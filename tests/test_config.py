@@ -20,6 +20,7 @@ def test_matched_pairs_have_equal_projection_shapes_and_close_parameter_counts(p
     tr = ModelConfig.preset(preset, arch="transformer")
     diff = ModelConfig.preset(preset, arch="diff")
     assert diff == tr.matched("diff") and diff.matched("transformer") == tr
+    assert dataclasses.replace(diff, lambda_init=0.8).matched("transformer") == tr  # the λ ablation's partner
     assert diff.n_heads * 2 == tr.n_heads and diff.head_dim == tr.head_dim
     assert (diff.q_dim, diff.kv_dim) == (tr.q_dim, tr.kv_dim)
     if preset == "base":  # too big to build in a unit test; the shapes above decide the count
