@@ -14,7 +14,7 @@ cd "$(dirname "$0")/../.."
 SEED=${SEED:-0}
 case "${ABLATION:-}" in
   lambda0.8) export ARMS=diff EXTRA="--lambda-init 0.8" ;;
-  init-default) export ARMS="transformer diff" EXTRA="--init default" ;;
+  init-default) export ARMS="${ARMS:-transformer diff}" EXTRA="--init default" ;;  # ARMS=transformer: one arm at a time
   *) echo "ablation.sh: set ABLATION to lambda0.8 or init-default" >&2; exit 2 ;;
 esac
 export SEED RUN=${RUN:-experiments/campaign/ablation/xs-lr3e-3-s$SEED-$ABLATION} UNTIL=${UNTIL:-4096}
