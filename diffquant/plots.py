@@ -163,7 +163,7 @@ def plot_trend(series: dict[str, list[dict]], path: str | Path, paper: tuple[flo
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.6))
     for i, (run, points) in enumerate(series.items()):
         points = sorted(points, key=lambda q: q["tokens"])
-        style = dict(color=f"C{i % 10}", marker=MARKERS[i % len(MARKERS)])
+        style = series_style(i)
         xs = [q["tokens"] for q in points]
         axes[0].plot(xs, [q["logit_ratio"] for q in points], label=run, **style)
         axes[1].plot(xs, [q["hidden_ratio"] for q in points], **style)
@@ -217,6 +217,12 @@ def _hollow_ungated(axes, points: list[dict], style: dict) -> None:
 
 LINESTYLES = {"transformer": "-", "diff": "--", "gated": "-.", "clipped": ":"}
 MARKERS = "osD^vP*Xph"
+
+
+def series_style(i: int) -> dict:
+    """The colour and marker of the i-th line: the marker shifts by one each time the ten colours come round, so
+    no two of the first 100 lines look alike."""
+    return {"color": f"C{i % 10}", "marker": MARKERS[(i + i // 10) % len(MARKERS)]}
 
 
 def plot_degradation(records: Sequence[dict], path: str | os.PathLike, metrics: Sequence[str] | None = None,
@@ -296,6 +302,6 @@ def _plot_model(ax, cells: Sequence[Cell], columns: list[int], i: int, base_inte
             lower.append(max(0.0, y - scale * (base.value + c.low)))
             upper.append(max(0.0, scale * (base.value + c.high) - y))
     arch = pts[0].arch
-    ax.errorbar(xs, ys, yerr=[lower, upper], color=f"C{i % 10}", marker=MARKERS[i % len(MARKERS)],
+    ax.errorbar(xs, ys, yerr=[lower, upper], **series_style(i),
                 linestyle=LINESTYLES.get(arch, "-"), capsize=3,
                 label=f"{pts[0].model} ({ARCH_NAMES.get(arch, arch or '?')})")

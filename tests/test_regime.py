@@ -174,6 +174,13 @@ def test_trend_figure_is_drawn(tmp_path):
     assert plot_trend(series, tmp_path / "trend.png", paper=(8.2, 2.1), scheme="s").stat().st_size > 10_000
 
 
+def test_series_styles_stay_distinct_past_the_colour_cycle():
+    from diffquant.plots import series_style
+
+    styles = [tuple(series_style(i).values()) for i in range(100)]
+    assert len(set(styles)) == 100  # eleven runs once drew the 1st and 11th alike
+
+
 def test_trend_figure_draws_ungated_points_hollow(monkeypatch, tmp_path):
     from diffquant import plots
 
