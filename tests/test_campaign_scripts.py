@@ -26,7 +26,7 @@ def run_script(tmp_path: Path, script: str, fake_train: str = FAKE_TRAIN, **env:
     fake, calls = tmp_path / "dq", tmp_path / "calls"
     fake.write_text(fake_train)
     fake.chmod(0o755)
-    script_vars = ("EXTRA", "ARMS", "TOKENS", "SEED", "PRESET", "LR", "UNTIL", "BRANCHES")
+    script_vars = ("EXTRA", "ARMS", "TOKENS", "SEED", "PRESET", "LR", "UNTIL", "BRANCHES", "THREADS")
     base = {k: v for k, v in os.environ.items() if k not in script_vars}
     env = {**base, "DQ": str(fake), "CALLS": str(calls), "RUN": str(tmp_path / "run"), **env}
     subprocess.run(["bash", str(CAMPAIGN / script)], env=env, check=True, capture_output=True)
@@ -72,6 +72,13 @@ def test_long_run_defaults_train_both_arms_to_the_full_budget(tmp_path):
         assert option(call, "--tokens") == "251658240" and option(call, "--seed") == "3"
         assert option(call, "--preset") == "xs" and "--lambda-init" not in call and "--init" not in call
         assert "--stop-at" not in call and option(call, "--lr") == "3e-3"
+        assert option(call, "--threads") == "1"  # one core per arm: the two arms run side by side
+
+
+def test_long_run_and_its_cooldowns_take_the_thread_count_asked(tmp_path):
+    run_script(tmp_path, "long.sh", ARMS="diff", THREADS="2")  # one arm alone can have both cores
+    calls = run_script(tmp_path, "cooldown.sh", ARMS="diff", THREADS="2")
+    assert len(calls) == 2 and [option(c, "--threads") for c in calls] == ["2", "2"]
 
 
 def test_long_run_and_its_cooldowns_take_the_learning_rate_asked(tmp_path):

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Cooldown branches of a long pair (experiments/campaign/long.sh; PRESET, SEED, LR, ARMS, EXTRA as there): from
-# each state both arms kept at step N (RUN/ARCH/branches/stepN), the same run continues N/4 more steps with the
-# learning rate decaying linearly to 10% (wsd, decay from step N), so the decayed part is the last 20% as in part
-# 1's sweep.
+# Cooldown branches of a long pair (experiments/campaign/long.sh; PRESET, SEED, LR, ARMS, EXTRA, THREADS as
+# there): from each state both arms kept at step N (RUN/ARCH/branches/stepN), the same run continues N/4 more
+# steps with the learning rate decaying linearly to 10% (wsd, decay from step N), so the decayed part is the last
+# 20% as in part 1's sweep.
 # Output: RUN/cooldown/ARCH-stepN (final/ and train_log.json; the resumable state is dropped once finished).
 # Resumable and idempotent: finished cooldowns are skipped. The two arms of a branch run concurrently.
 # BRANCHES="24576" cools only those branch steps (default: every branch kept), e.g. to reach a run's end budget
@@ -24,7 +24,7 @@ cool() {  # one arm's cooldown from branch $2 (step $3)
   nice -n "${NICE:-5}" "$DQ" train --arch "$arch" --preset "$PRESET" --data experiments/corpus/stories260k-s0 \
     --tokens $(( (step + step / 4) * 16 * 512 )) --out "$out" --batch-size 16 --seq-len 512 --recipe stories260k \
     --lr "$LR" --seed "$SEED" --schedule wsd --decay-start "$step" --warmup-steps 50 --eval-every 512 \
-    --eval-tokens 65536 --track-every 128 --save-every 128 --threads 1 "${extra[@]}" "${resume[@]}" \
+    --eval-tokens 65536 --track-every 128 --save-every 128 --threads "${THREADS:-1}" "${extra[@]}" "${resume[@]}" \
     >> "$out.log" 2>&1
   rm -rf "$out/state"
 }

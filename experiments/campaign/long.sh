@@ -6,7 +6,8 @@
 # Resumable: rerun to continue from state/. UNTIL=N stops both arms after step N (a branch step: then cool it).
 #   [SEED=1] [PRESET=s] [UNTIL=16384] nohup bash experiments/campaign/long.sh > /dev/null 2>&1 &
 # ARMS (default "transformer diff"), TOKENS (default 251658240) and EXTRA (more train options) serve the
-# ablations (experiments/campaign/ablation.sh).
+# ablations (experiments/campaign/ablation.sh); THREADS (default 1, one core per arm) gives one arm run alone both
+# cores.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 DQ=${DQ:-.venv/bin/diffquant}
@@ -24,6 +25,6 @@ for arch in ${ARMS:-transformer diff}; do
   nice -n "${NICE:-15}" "$DQ" train --arch "$arch" --preset "$PRESET" --data experiments/corpus/stories260k-s0 \
     --tokens "${TOKENS:-251658240}" --out "$out" --batch-size 16 --seq-len 512 --recipe stories260k --lr "$LR" \
     --seed "$SEED" --schedule constant --warmup-steps 50 --eval-every 512 --eval-tokens 65536 --track-every 128 \
-    --save-every 128 --branch-every 4096 --threads 1 "${extra[@]}" "${resume[@]}" "${stop[@]}" >> "$out.log" 2>&1 &
+    --save-every 128 --branch-every 4096 --threads "${THREADS:-1}" "${extra[@]}" "${resume[@]}" "${stop[@]}" >> "$out.log" 2>&1 &
 done
 wait
