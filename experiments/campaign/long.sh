@@ -25,6 +25,7 @@ for arch in ${ARMS:-transformer diff}; do
   nice -n "${NICE:-15}" "$DQ" train --arch "$arch" --preset "$PRESET" --data experiments/corpus/stories260k-s0 \
     --tokens "${TOKENS:-251658240}" --out "$out" --batch-size 16 --seq-len 512 --recipe stories260k --lr "$LR" \
     --seed "$SEED" --schedule constant --warmup-steps 50 --eval-every 512 --eval-tokens 65536 --track-every 128 \
-    --save-every 128 --branch-every 4096 --threads "${THREADS:-1}" "${extra[@]}" "${resume[@]}" "${stop[@]}" >> "$out.log" 2>&1 &
+    --save-every 128 --branch-every 4096 --threads "${THREADS:-1}" "${extra[@]}" "${resume[@]}" "${stop[@]}" \
+    >> "$out.log" 2>&1 &
 done
 wait
