@@ -18,7 +18,7 @@ def test_demo_writes_tables_records_and_plots(tmp_path, capsys):
         save_checkpoint(build_model(tiny_config(arch, vocab_size=8192, max_seq_len=64), seed=1), path)
         pair.append(str(path))
     out = tmp_path / "demo"
-    code = main(["demo", "--out", str(out), "--pair", *pair, "--no-stories", "--profile-windows", "4",
+    code = main(["demo", "--out", str(out), "--pair", *pair, "--profile-windows", "4",
                  "--ppl-windows", "2", "--tasks", "tinystories,test", "--calib-tokens", "128"])
     assert code == 0
     printed = capsys.readouterr().out
@@ -30,6 +30,9 @@ def test_demo_writes_tables_records_and_plots(tmp_path, capsys):
     assert {r["target"] for r in records} == {None, "attn_logits", "weights-rtn", "weights-gptq", "linear_inputs"}
     assert {r["granularity"] for r in records if r["target"] == "attn_logits"} == {"sequence", "head", "head_map"}
     assert {r["task"] for r in records} == {"tinystories", "test"}
+    stories = [r for r in records if r["checkpoint"].endswith("stories260K.gguf")]  # the gate's reference
+    assert {r["bits"] for r in stories} == {16, 4} and {r["metrics"]["windows"] for r in stories} == {2}
+    assert "stories260K" in outliers
     summary = json.loads((out / "summary.json").read_text())
     tr_top1 = outliers["transformer"]["sites"]["attn_logits"]["top"][0]
     assert summary["verdict"]["logit_top1"]["transformer"] == tr_top1
