@@ -158,10 +158,8 @@ def _degradation(args, out: Path, pair: dict, stories, tasks: dict[str, int]) ->
         run_sweep(checkpoints, path, target, bits=bits, tasks=[main_task], limit=tasks[main_task],
                   batch_size=args.batch_size, progress=False, **extra)
     if stories is not None:  # the gate's reference: its 4-bit factor over a few windows of its declared context
-        windows = min(STORIES_WINDOWS, max(2, tasks[main_task] * _seq_len(checkpoints[0])
-                                           // read_model_config(stories).max_seq_len))
-        run_sweep([stories], path, ATTN_LOGITS, bits=(16, 4), tasks=[main_task], limit=windows,
-                  batch_size=args.batch_size, progress=False)
+        run_sweep([stories], path, ATTN_LOGITS, bits=(16, 4), tasks=[main_task],
+                  limit=min(STORIES_WINDOWS, tasks[main_task]), batch_size=args.batch_size, progress=False)
     records = read_records(path)
     text = render_report(records, fmt="markdown")
     print(text)
