@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Park a run's resumable states, branches and snapshots (its state/, branches/ and snapshots/ folders, which git
+# ignores) in main's history without keeping them in main's tree: one commit adds them, the next removes them again
+# and records the first in experiments/campaign/states.json, from where restore_states.sh brings them back into any
+# clone. The files on disk are left as they are. Park only what a later session must resume: every parked byte
+# counts twice against a submission's diff budget (added, then removed).
+#   bash experiments/campaign/park_states.sh RUN          RUN: a run folder, e.g. experiments/campaign/long/xs-lr3e-3-s0
+set -euo pipefail
+cd "$(git rev-parse --show-toplevel)"
+STATES=${STATES:-experiments/campaign/states.json}
+die() { echo "park_states.sh: $*" >&2; exit 2; }
+[ $# -eq 1 ] || die "usage: park_states.sh RUN"
+run=${1%/}
+[ -d "$run" ] || die "$run is not a folder"
+[ -f "$STATES" ] || die "no $STATES"
+git diff --cached --quiet || die "the index holds staged changes: commit or unstage them first"
+mapfile -t rel < <(cd "$run" && find . -type d \( -name state -o -name branches -o -name snapshots \) -prune -print \
+                   | sed 's|^\./||' | sort)
+[ ${#rel[@]} -gt 0 ] || die "$run has no state/, branches/ or snapshots/ to park"
+full=(); for p in "${rel[@]}"; do full+=("$run/$p"); done
+git add -f -- "${full[@]}"
+git commit -q -m "park: $run's ${rel[*]} (bash experiments/campaign/restore_states.sh $run brings them back)"
+commit=$(git rev-parse HEAD)
+git rm -r -q --cached -- "${full[@]}"
+python3 - "$STATES" "$run" "$commit" "${rel[@]}" <<'PY'
+import json, os, sys
+path, run, commit, *paths = sys.argv[1:]
+with open(path) as fh:
+    states = json.load(fh)
+states["runs"][run] = {"commit": commit, "paths": paths, "note": "parked by park_states.sh"}
+states["runs"] = dict(sorted(states["runs"].items()))
+tmp = f"{path}.tmp"
+with open(tmp, "w") as fh:
+    json.dump(states, fh, indent=2, ensure_ascii=False)
+    fh.write("\n")
+os.replace(tmp, path)
+PY
+git add "$STATES"
+git commit -q -m "park: $run's states leave the tree again ($STATES names ${commit:0:9})"
+echo "parked ${full[*]} at ${commit:0:9}"

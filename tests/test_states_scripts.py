@@ -1,0 +1,85 @@
+"""park_states.sh / restore_states.sh: a run's states leave main's tree, and come back byte for byte into a
+`git clone --depth 1` of it (a throwaway repository, with the real scripts)."""
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+CAMPAIGN = Path(__file__).resolve().parents[1] / "experiments" / "campaign"
+RUN = "experiments/campaign/long/xs-test"
+STATE_FILES = ("diff/state/optimizer.safetensors", "diff/state/model/model.safetensors",
+               "diff/branches/step000004/model.safetensors", "transformer/snapshots/step000002/model.safetensors")
+
+pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout
+
+
+def script(repo: Path, name: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", f"experiments/campaign/{name}", *args], cwd=repo, capture_output=True, text=True,
+                          env={**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
+                               "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"})
+
+
+@pytest.fixture
+def origin(tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
+    """A repository like main: the scripts, an empty states.json, a run whose states git ignores."""
+    repo = tmp_path / "origin"
+    (repo / "experiments" / "campaign").mkdir(parents=True)
+    for name in ("park_states.sh", "restore_states.sh"):
+        shutil.copy(CAMPAIGN / name, repo / "experiments" / "campaign" / name)
+    (repo / "experiments" / "campaign" / "states.json").write_text(json.dumps({"about": "t", "runs": {}}))
+    shutil.copy(CAMPAIGN.parents[1] / ".gitignore", repo / ".gitignore")
+    contents = {}
+    for i, rel in enumerate(STATE_FILES):
+        path = repo / RUN / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        contents[rel] = os.urandom(1000 + i)  # fresh bytes: a restore that mixed files up would show
+        path.write_bytes(contents[rel])
+    (repo / RUN / "diff" / "train_log.json").write_text("{}")
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", ".")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "init")
+    assert not any(rel in git(repo, "ls-files") for rel in STATE_FILES)  # ignored from the start
+    return repo, contents
+
+
+def test_park_then_restore_into_a_shallow_clone(origin, tmp_path):
+    repo, contents = origin
+    done = script(repo, "park_states.sh", RUN)
+    assert done.returncode == 0, done.stderr
+    tree = git(repo, "ls-files")
+    assert "train_log.json" in tree and not any(rel in tree for rel in STATE_FILES)  # out of main's tree again
+    entry = json.loads((repo / "experiments/campaign/states.json").read_text())["runs"][RUN]
+    assert entry["paths"] == ["diff/branches", "diff/state", "transformer/snapshots"]
+    held = git(repo, "ls-tree", "-r", "--name-only", entry["commit"])
+    assert all(f"{RUN}/{rel}" in held for rel in STATE_FILES)  # the parked commit holds every file
+    assert all((repo / RUN / rel).read_bytes() == data for rel, data in contents.items())  # disk untouched
+
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", "--depth", "1", "--single-branch", f"file://{repo}", str(clone)],
+                   check=True)
+    assert not (clone / RUN / "diff" / "state").exists()
+    done = script(clone, "restore_states.sh", RUN)
+    assert done.returncode == 0, done.stderr
+    assert all((clone / RUN / rel).read_bytes() == data for rel, data in contents.items())
+    assert git(clone, "status", "--porcelain") == ""  # restored files stay ignored
+
+    again = script(clone, "restore_states.sh", RUN)  # never overwrites
+    assert again.returncode == 2 and "exists" in again.stderr and len(again.stderr.splitlines()) == 1
+
+
+def test_refusals_are_one_line(origin):
+    repo, _ = origin
+    for name, args, words in (("restore_states.sh", ("experiments/campaign/long/nope",), "not in"),
+                              ("restore_states.sh", (), "name a run"),
+                              ("park_states.sh", ("experiments/campaign/long/nope",), "not a folder"),
+                              ("park_states.sh", (f"{RUN}/diff/state/model",), "has no state/")):
+        done = script(repo, name, *args)
+        assert done.returncode == 2 and words in done.stderr and len(done.stderr.splitlines()) == 1
