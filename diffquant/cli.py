@@ -18,7 +18,7 @@ import sys
 from . import commands, distributed
 from .cliargs import check_numbers, path_roles
 from .errors import UserError, first_line
-from .io import refuse_overlap
+from .io import check_outputs, refuse_overlap
 
 log = logging.getLogger("diffquant")
 
@@ -63,7 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = list(sys.argv[1:] if argv is None else argv)
     say = _say if distributed.launch_rank() == 0 or args.verbose else lambda _: None  # one line per run, not per rank
     try:
-        refuse_overlap(*path_roles(args))
+        inputs, outputs = path_roles(args)
+        refuse_overlap(inputs, outputs)
+        check_outputs(outputs)
         with distributed.session():  # torchrun / accelerate launch: join the process group
             return args.func(args)
     except INPUT_ERRORS as exc:

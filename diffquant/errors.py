@@ -8,6 +8,11 @@ class UserError(Exception):
 
 
 def first_line(exc: BaseException) -> str:
-    """The first non-empty line of an exception's message, or its type name."""
+    """The first non-empty line of an exception's message, or its type name; an OS error as ``PATH: reason``
+    (never a bare ``[Errno 13] ...``)."""
+    if isinstance(exc, OSError) and exc.strerror and exc.args[1:2] == (exc.strerror,):
+        where = " -> ".join(str(f) for f in (exc.filename, exc.filename2) if f is not None)
+        reason = exc.strerror[0].lower() + exc.strerror[1:]
+        return f"{where}: {reason}" if where else reason
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__

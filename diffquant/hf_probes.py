@@ -342,14 +342,49 @@ def load_hf_model(path: str | Path, dtype: torch.dtype = torch.float32, **dispat
         raise CheckpointError(f"{path} is not a Hugging Face model folder (config.json with model_type)")
     config = _checked_config(path)
     with torch.device("meta"):
-        needed = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
-    check_capacity(path, needed, weight_files(path))
+        skeleton = AutoModelForCausalLM.from_config(config)
+    check_capacity(path, sum(p.numel() for p in skeleton.parameters()), weight_files(path))
+    _check_tied_head(path, config, skeleton)
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype,
-                                                     trust_remote_code=False, use_safetensors=True, **dispatch)
+        model, info = AutoModelForCausalLM.from_pretrained(
+            path, local_files_only=True, dtype=dtype, trust_remote_code=False, use_safetensors=True,
+            output_loading_info=True, **dispatch)
+    except RuntimeError:  # transformers' size-mismatch report
+        raise CheckpointError(f"{path}: config does not match the weights (tensor shapes differ from what "
+                              "config.json implies)") from None
     except (OSError, ValueError, KeyError) as exc:
         raise CheckpointError(f"{path}: transformers cannot load it ({first_line(exc)})") from None
+    missing = sorted(info.get("missing_keys") or []) + sorted(info.get("mismatched_keys") or [])
+    if missing:  # transformers would fill them with random values and carry on
+        raise CheckpointError(f"{path}: the weights lack {len(missing)} tensors the config needs "
+                              f"({', '.join(map(str, missing[:3]))}); a random stand-in would be measured")
     return model.eval()
+
+
+def _module_weight(model: nn.Module, module: nn.Module | None) -> str | None:
+    names = [n for n, m in model.named_modules() if m is module and module is not None]
+    return f"{names[0]}.weight" if names else None
+
+
+def _check_tied_head(path: Path, config, skeleton: nn.Module) -> None:
+    """A tied model (tie_word_embeddings true) whose files also store an output head different from the input
+    embedding: transformers would silently use the embedding; refuse instead of measuring another model."""
+    from safetensors import safe_open
+
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    head = _module_weight(skeleton, skeleton.get_output_embeddings())
+    embed = _module_weight(skeleton, skeleton.get_input_embeddings())
+    if not getattr(text, "tie_word_embeddings", False) or head is None or embed is None:
+        return
+    stored = {}
+    for file in weight_files(path):
+        with safe_open(str(file), "pt") as fh:
+            for name in (head, embed):
+                if name in fh.keys():
+                    stored[name] = fh.get_tensor(name)
+    if head in stored and embed in stored and not torch.equal(stored[head], stored[embed]):
+        raise CheckpointError(f"{path}: tie_word_embeddings is true but the stored {head} differs from {embed}; "
+                              "set tie_word_embeddings to false to use the stored head")
 
 
 HF_SIZE_KEYS = {"vocab_size": "vocab_size", "hidden_size": "d_model", "num_hidden_layers": "n_layers",

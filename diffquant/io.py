@@ -8,6 +8,8 @@
 * Temporary names carry the writer's host and pid (``.NAME.diffquant-tmp-HOST-PID-XXXXXXXX``); a writer removes
   the stale ones of dead writers on the same host, for the same target, before it starts.
 * :func:`refuse_overlap`: the rule that no output equals, lies inside or contains an input.
+* :func:`check_output`: the rule that a writer replaces only a regular file or a folder (never a FIFO, device
+  node or socket); every writer here applies it before it touches anything, and the CLI before any work.
 * :func:`canonical_safetensors`: safetensors bytes with a sorted header, so equal tensors give equal files.
 """
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import functools
+import hashlib
 import json
 import logging
 import math
@@ -24,6 +27,7 @@ import re
 import secrets
 import shutil
 import socket
+import stat
 import struct
 from collections.abc import Iterable, Mapping
 from contextlib import contextmanager
@@ -34,6 +38,9 @@ from .errors import UserError
 log = logging.getLogger(__name__)
 
 TMP_TAG, OLD_TAG = "diffquant-tmp", "diffquant-old"
+# Scratch names keep at most this much of the target's name (a legal 255-byte name plus our tags would not fit);
+# longer names are cut and made unique again by a hash of the whole name.
+_NAME_KEEP, _SUFFIX_KEEP = 96, 16
 _RENAME_EXCHANGE, _AT_FDCWD = 2, -100
 
 
@@ -42,18 +49,26 @@ _RENAME_EXCHANGE, _AT_FDCWD = 2, -100
 def scratch_name(target: Path, tag: str, suffix: str = "", pid: int | None = None) -> Path:
     """``.NAME.TAG-HOST-PID-XXXXXXXX[SUFFIX]`` beside ``target`` (the suffix keeps writers that look at it happy)."""
     pid = os.getpid() if pid is None else pid
-    return target.with_name(f".{target.name}.{tag}-{_host()}-{pid}-{secrets.token_hex(4)}{suffix}")
+    suffix = suffix if len(suffix) <= _SUFFIX_KEEP else ""
+    return target.with_name(f".{_short(target.name)}.{tag}-{_host()}-{pid}-{secrets.token_hex(4)}{suffix}")
+
+
+def _short(name: str) -> str:
+    if len(name.encode()) <= _NAME_KEEP:
+        return name
+    head = name.encode()[:_NAME_KEEP // 2].decode(errors="ignore")
+    return head + "~" + hashlib.sha256(name.encode()).hexdigest()[:16]
 
 
 @functools.cache
 def _host() -> str:
-    return re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname()) or "host"
+    return re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname())[:64] or "host"
 
 
 def _scratch_pattern(target: Path) -> re.Pattern:
     """Our scratch names for ``target`` on this host, and ``.NAME.old-PID``: what diffquant before 0.2 left when
     killed between its two renames (the only copy of the old version)."""
-    name, tags = re.escape(target.name), f"{TMP_TAG}|{OLD_TAG}"
+    name, tags = re.escape(_short(target.name)), f"{TMP_TAG}|{OLD_TAG}"
     ours = rf"\.{name}\.(?P<tag>{tags})-{re.escape(_host())}-(?P<pid>\d+)-[0-9a-f]{{8}}(\.[^/]*)?"
     legacy = rf"\.{name}\.(?P<legacy>old)-(?P<legacy_pid>\d+)"
     return re.compile(rf"^(?:{ours}|{legacy})$")
@@ -100,7 +115,7 @@ def _remove(path: Path) -> None:
 @contextmanager
 def atomic_path(path: str | os.PathLike):
     """Yield a temporary path with the target's suffix; on success it replaces ``path``, on error it vanishes."""
-    path = Path(path)
+    path = check_output(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     clean_stale(path)
     tmp = scratch_name(path, TMP_TAG, path.suffix)
@@ -164,7 +179,7 @@ def locked_append(path: str | os.PathLike):
     """``path`` opened for appending by one writer at a time: a second one gets a one-line UserError."""
     import fcntl  # POSIX only, like the rest of the crash-safety machinery
 
-    path = Path(path)
+    path = check_output(path)
     with path.open("a", encoding="utf-8") as fh:
         try:
             fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -208,6 +223,7 @@ class atomic_dir:
         self.target = Path(target)
 
     def __enter__(self) -> Path:
+        check_output(self.target, folder=True)
         self.target.parent.mkdir(parents=True, exist_ok=True)
         clean_stale(self.target)
         self.tmp = scratch_name(self.target, TMP_TAG)
@@ -268,6 +284,43 @@ def _make_readable(folder: Path) -> None:
     os.umask(umask)
     for p in [folder, *folder.rglob("*")]:
         p.chmod((0o777 if p.is_dir() else 0o666) & ~umask)
+
+
+# ---------------------------------------------------------------------------------------------------- the output rule
+
+_SPECIAL = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+            (stat.S_ISSOCK, "a socket"))
+
+
+def check_output(path: str | os.PathLike, folder: bool | None = False, flag: str | None = None) -> Path:
+    """``path`` if a writer may create or replace it: absent, a regular file (``folder`` False) or a folder
+    (``folder`` True; None: either). Anything else — a FIFO, a device node, a socket, a file where a folder goes
+    — is refused with a one-line UserError before anything is touched (``os.replace`` over ``/dev/null`` would
+    replace the device itself; opening a FIFO blocks). Symbolic links are judged by what they point to."""
+    path = Path(path)
+    name = f"{flag} {path}" if flag else str(path)
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return path
+    except OSError as exc:
+        raise UserError(f"{name}: cannot be written ({exc.strerror.lower()})") from None
+    for test, what in _SPECIAL:
+        if test(mode):
+            raise UserError(f"{name} is {what}: diffquant only writes regular files and folders; choose another "
+                            "path")
+    if folder is True and not stat.S_ISDIR(mode):
+        raise UserError(f"{name} exists and is not a folder; choose another path")
+    if folder is False and stat.S_ISDIR(mode):
+        raise UserError(f"{name} is a folder; give a file name")
+    return path
+
+
+def check_outputs(outputs: Mapping[str, Iterable[str | os.PathLike]]) -> None:
+    """:func:`check_output` for every output of a command line (flag -> paths), before any work is done."""
+    for flag, paths in outputs.items():
+        for path in paths:
+            check_output(path, folder=None, flag=flag)
 
 
 # ---------------------------------------------------------------------------------------------------- the input rule
@@ -336,5 +389,6 @@ def finite_or_none(value):
 
 
 __all__ = ["JsonConfig", "atomic_dir", "atomic_path", "atomic_write_bytes", "atomic_write_text",
-           "canonical_safetensors", "clean_stale", "dump_json", "exchange", "finite_or_none", "locked_append",
+           "canonical_safetensors", "check_output", "check_outputs", "clean_stale", "dump_json",
+           "exchange", "finite_or_none", "locked_append",
            "parse_json_object", "read_json_file", "refuse_overlap", "replace_dir", "scratch_name", "write_safetensors"]

@@ -99,10 +99,10 @@ def read_records(path: str | os.PathLike, missing_ok: bool = False) -> list[dict
         try:
             rec = json.loads(line)
         except json.JSONDecodeError:
-            if lineno == len(lines):  # the unterminated last line
+            if lineno == len(lines) and line.startswith("{"):  # the unterminated last line of a record
                 log.warning("%s:%d: skipping a truncated last line (interrupted sweep?)", path, lineno)
                 continue
-            raise ValueError(f"{path}:{lineno}: not a JSON record") from None
+            raise ValueError(f"{path}:{lineno}: not a JSON record (not a records file?)") from None
         problem = record_problem(rec)
         if problem:
             raise ValueError(f"{path}:{lineno}: not a sweep record ({problem})")
@@ -124,8 +124,35 @@ def record_problem(rec) -> str | None:
     units = "window_losses" if rec["kind"] == "perplexity" else "items"
     if not isinstance(m.get(units), list) or not all(k in m for k in METRICS[rec["kind"]]):
         return f"metrics need {', '.join(METRICS[rec['kind']])} and {units}"
-    if any(v is not None and not isinstance(v, (int, float)) for v in (m[k] for k in METRICS[rec["kind"]])):
+    if any(v is not None and not _number(v) for v in (m[k] for k in METRICS[rec["kind"]])):
         return "metric values must be numbers or null"
+    return _range_problem(rec["bits"], m, units)
+
+
+# bit widths a record may hold: the quantizers' 2..8 (1 for binary formats), 16 for the baseline, up to 32
+BITS_RANGE = (1, 32)
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _range_problem(bits: int, m: dict, units: str) -> str | None:
+    """Values no evaluation can produce: bits outside :data:`BITS_RANGE`, perplexity <= 0, accuracy outside
+    [0, 1], windows of no tokens (their perplexity would be NaN)."""
+    if not BITS_RANGE[0] <= bits <= BITS_RANGE[1]:
+        return f"bits must lie in {BITS_RANGE[0]}..{BITS_RANGE[1]}, got {bits}"
+    ppl = m.get("perplexity")
+    if ppl is not None and not (_number(ppl) and ppl > 0):
+        return f"perplexity must be positive, got {ppl}"
+    for key in ("acc", "acc_norm"):
+        if m.get(key) is not None and not (_number(m[key]) and 0 <= m[key] <= 1):
+            return f"{key} must lie in [0, 1], got {m[key]}"
+    if units == "window_losses":
+        for w in m[units]:
+            if not (isinstance(w, list) and len(w) == 2 and (w[0] is None or _number(w[0]))
+                    and isinstance(w[1], int) and not isinstance(w[1], bool) and w[1] > 0):
+                return f"each window loss must be [nats, tokens] with tokens a positive integer, got {w}"
     return None
 
 
@@ -172,13 +199,16 @@ def versions() -> dict:
 
 
 def repair_tail(path: Path) -> None:
-    """Drop a cut-off last line (an interrupted write) so appended records start on a fresh line."""
+    """Drop a cut-off last line (an interrupted write) so appended records start on a fresh line. Call it only
+    on a file :func:`read_records` accepted: a tail that does not start a JSON object is refused, never cut."""
     if not path.is_file():
         return
     data = path.read_bytes()
     if not data or data.endswith(b"\n"):
         return
     cut = data.rfind(b"\n") + 1
+    if not data[cut:].startswith(b"{"):
+        raise ValueError(f"{path}: its last line is not a record (not a records file?); choose another file")
     try:
         json.loads(data[cut:])
     except ValueError:

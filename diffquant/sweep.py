@@ -48,7 +48,7 @@ from .evaluate import (
     perplexity_metrics,
 )
 from .hf_native import check_native, is_native_hf, load_native
-from .io import locked_append
+from .io import check_output, locked_append
 from .kinds import ATTN_LOGITS, ATTN_PROBS, HIDDEN, SEQUENCE, canonical_granularity
 from .quant import ActQuant, QuantConfig, WeightQuant, quantize
 from .records import (
@@ -235,8 +235,9 @@ def run_sweep(checkpoints: Sequence[str | os.PathLike], out: str | os.PathLike, 
     checkpoints = list(dict.fromkeys(os.path.normpath(str(c)) for c in checkpoints))
     check_sweep(scheme, checkpoints, resolved, limit, batch_size, attn_impl, calib_data, subset)
     subset = subset if limit is not None else None  # records: which items --limit kept (none without it)
+    out = check_output(out, flag="--out")
+    read_records(out, missing_ok=True)  # an existing --out must be a records file before anything touches it
     data = {t.name: _task_data(t, limit, seed, subset) for t in resolved}
-    out = Path(out)
     total = len(checkpoints) * len(bits) * len(resolved)
     settings = {"limit": limit, "subset": subset, "seed": seed, "attn_impl": attn_impl, "batch_size": batch_size,
                 "device": device}
@@ -266,8 +267,8 @@ def _records_file(out: Path):
 
 def _read_plan(out: Path, checkpoints: list[str], scheme: Scheme, bits: list[int], tasks: list[Task],
                settings: dict) -> list[_Checkpoint]:
-    repair_tail(out)
     existing = read_records(out, missing_ok=True)  # read under the lock: no cell is computed twice
+    repair_tail(out)  # only after the file was read as records
     return [_plan(ckpt, existing, scheme, bits, tasks, settings) for ckpt in checkpoints]
 
 
@@ -308,11 +309,14 @@ def _plan(path: str, existing: list[dict], scheme: Scheme, bits: list[int], task
           settings: dict) -> _Checkpoint:
     """The cells of one checkpoint that ``existing`` lacks (after checking it is the same checkpoint)."""
     sha = checkpoint_sha256(path)
-    other = {r.get("checkpoint_sha256") for r in existing if r["checkpoint"] == path} - {sha}
+    here = Path(path).resolve()
+    resolved = {p: Path(p).resolve() for p in {r["checkpoint"] for r in existing}}
+    mine = [r for r in existing if resolved[r["checkpoint"]] == here]  # absolute, relative, symlinked: one path
+    other = {r.get("checkpoint_sha256") for r in mine} - {sha}
     if other:
         raise ValueError(f"the records file holds results of a different checkpoint at {path} "
                          "(its files changed): write to a new --out")
-    done = {record_key(r) for r in existing}
+    done = {record_key({**r, "checkpoint": path}) for r in mine}
     cells = [(b, t) for b in bits for t in tasks
              if record_key(_key_fields(path, scheme, b, t, settings)) not in done]
     return _Checkpoint(path, sha, cells)

@@ -354,7 +354,10 @@ def from_hf_state_dict(tensors: dict[str, torch.Tensor], cfg: ModelConfig, sourc
     """Our state dict from HF tensors (inverse of :func:`to_hf_state_dict` with subln weight 1)."""
     tensors = {k: v for k, v in tensors.items() if not k.endswith("rotary_emb.inv_freq")}  # old checkpoints
     if cfg.tie_embeddings:
-        tensors.pop("lm_head.weight", None)  # tied: transformers ignores a stored copy too
+        head = tensors.pop("lm_head.weight", None)  # tied: equal to the embedding, or a different model
+        if head is not None and not torch.equal(head, tensors.get("model.embed_tokens.weight", head)):
+            raise CheckpointError(f"{source}: tie_word_embeddings is true but the stored lm_head.weight differs "
+                                  "from model.embed_tokens.weight; set tie_word_embeddings to false to use it")
     check_shapes(Path(source), _hf_shapes(cfg), {k: v.shape for k, v in tensors.items()})
     inverse = {name: torch.argsort(order) for name, order in _row_maps(cfg).items()}
     out = {"embed.weight": tensors["model.embed_tokens.weight"], "norm.weight": tensors["model.norm.weight"]}

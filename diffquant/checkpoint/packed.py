@@ -47,6 +47,7 @@ from .files import (
     read_tensors,
 )
 from .native import expected_shapes, read_config
+from .packed_check import check_codes, check_schemes
 
 log = logging.getLogger(__name__)
 
@@ -194,6 +195,7 @@ def restore_quantized_(model: nn.Module, info: dict, tensors: dict[str, torch.Te
     Model-agnostic: modules are found by name and swapped by the type recorded in their scheme.
     """
     where = where or "packed checkpoint"
+    check_schemes(model, info["modules"], where)  # before any quantized buffer is allocated
     for name, scheme in info["modules"].items():
         try:
             model.set_submodule(name, _empty_module(model, name, scheme, tensors))
@@ -206,6 +208,7 @@ def restore_quantized_(model: nn.Module, info: dict, tensors: dict[str, torch.Te
             raise CheckpointError(f"{where}: shared tensor {alias} points to missing {source}")
         state[alias] = state[source]
     _check_keys(model, state, where)
+    check_codes(info["modules"], state, where)
     result = model.load_state_dict(state, strict=False)  # bnb 4-bit layers were built from their extra keys
     prebuilt = tuple(f"{n}.weight." for n, s in info["modules"].items() if s.get("type") in ("bnb-nf4", "bnb-fp4"))
     leftover = [k for k in result.unexpected_keys if not k.startswith(prebuilt)]
