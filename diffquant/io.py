@@ -371,9 +371,13 @@ def _sorted(header: dict) -> dict:
 
 
 def write_safetensors(tensors: dict, path: str | os.PathLike, metadata: dict[str, str] | None = None) -> Path:
-    """``tensors`` as a canonical safetensors file, written atomically."""
+    """``tensors`` as a canonical safetensors file, written atomically; NaN/Inf floats are refused."""
     from safetensors.torch import save  # lazy: io is imported by light modules
 
+    for name, t in tensors.items():  # no reader accepts NaN/Inf weights: refuse them here, not at the next load
+        if t.is_floating_point() and t.numel() and not bool(t.isfinite().all()):
+            hint = " (|values| above 65504 overflow float16)" if str(t.dtype) == "torch.float16" else ""
+            raise UserError(f"refusing to write {path}: tensor {name} holds NaN or Inf{hint}")
     return atomic_write_bytes(path, canonical_safetensors(save(tensors, metadata=metadata)))
 
 

@@ -26,8 +26,9 @@ import torch
 from tqdm import tqdm
 
 from .checkpoint.files import WEIGHTS_FILE
-from .corpus import MANIFEST, file_sha256, missing_shards, read_manifest, shard_name, token_dtype
-from .io import atomic_path, dump_json
+from .corpus import MANIFEST, TOKENIZER_NAMES, file_sha256, missing_shards, read_manifest, shard_name, token_dtype
+from .io import TMP_TAG, atomic_path, dump_json
+from .memory import check_fits, kv_cache_bytes
 from .model import LM, KVCache
 from .tokenizer import tokenizer_file_name
 
@@ -123,7 +124,7 @@ def sample_corpus(teacher: str | Path, out: str | Path, tokens: int, seed: int =
     ``device``: where the teacher runs (e.g. "cuda", with thousands of stories at once); the uniform draws come
     from a CPU generator either way, and the float64 teacher keeps the bytes the same on every device.
     """
-    from .checkpoint import load_checkpoint
+    from .checkpoint import load_checkpoint, read_model_config
     from .tokenizer import tokenizer_for
 
     if tokens <= 0 or batch_size <= 0 or shard_tokens <= 0:
@@ -132,6 +133,7 @@ def sample_corpus(teacher: str | Path, out: str | Path, tokens: int, seed: int =
     tokenizer = tokenizer_for(teacher)  # raises a one-line error for a checkpoint without a tokenizer
     if tokenizer.bos_id is None or tokenizer.path is None:
         raise ValueError(f"the tokenizer of {teacher} has no BOS token: stories cannot start")
+    _check_memory(read_model_config(teacher), batch_size, max_len, device)
     model = load_checkpoint(teacher, device=device, attn_impl="sdpa", dtype=PRECISION).eval()
     if tokenizer.vocab_size > model.config.vocab_size:
         raise ValueError(f"the tokenizer of {teacher} has {tokenizer.vocab_size} tokens; the model only "
@@ -145,6 +147,7 @@ def sample_corpus(teacher: str | Path, out: str | Path, tokens: int, seed: int =
     tok_copy = out / tokenizer_file_name(tokenizer)
     with atomic_path(tok_copy) as tmp:
         shutil.copyfile(tokenizer.path, tmp)
+    _write_manifest(out, settings, shards)  # from here on a killed run resumes with the same command
     bar = tqdm(total=n_shards, initial=min(len(shards), n_shards), desc="sample shards", disable=not progress)
     for index in range(len(shards), n_shards):
         start = time.perf_counter()
@@ -164,11 +167,23 @@ def sample_corpus(teacher: str | Path, out: str | Path, tokens: int, seed: int =
     return _write_manifest(out, settings, shards)
 
 
+def _check_memory(cfg, batch_size: int, max_len: int, device) -> None:
+    """The float64 KV cache of a batch of stories and one step's float64 logits and CDF must fit."""
+    itemsize = torch.finfo(PRECISION).bits // 8
+    needed = kv_cache_bytes(cfg, batch_size, max_len, itemsize) + 3 * batch_size * cfg.vocab_size * itemsize
+    check_fits(needed, str(device), f"sampling {batch_size} stories of up to {max_len} tokens at once "
+               "(a float64 KV cache)", "lower --batch-size or --max-len")
+
+
 def _reusable_shards(out: Path, settings: dict) -> list[dict]:
     """The shards a previous run wrote with identical settings (present ones sha-checked; missing ones redrawn)."""
     if not (out / MANIFEST).is_file():
-        if out.is_dir() and any(out.iterdir()):
-            raise FileExistsError(f"{out} is not empty and holds no corpus manifest; choose an empty folder")
+        # what a run killed before its first manifest leaves (the tokenizer copy, scratch files) is not a corpus
+        others = [p.name for p in out.iterdir() if p.name not in TOKENIZER_NAMES and TMP_TAG not in p.name] \
+            if out.is_dir() else []
+        if others:
+            raise FileExistsError(f"{out} is not empty and holds no corpus manifest ({others[0]}, ...); choose an "
+                                  "empty folder for --out")
         return []
     old = read_manifest(out)
     changed = [k for k in _IDENTITY if old.get(k) != settings[k]]

@@ -50,6 +50,7 @@ from .evaluate import (
 from .hf_native import check_native, is_native_hf, load_native
 from .io import check_output, locked_append
 from .kinds import ATTN_LOGITS, ATTN_PROBS, HIDDEN, SEQUENCE, canonical_granularity
+from .memory import check_fits, forward_bytes
 from .quant import ActQuant, QuantConfig, WeightQuant, quantize
 from .records import (
     BASELINE_BITS,
@@ -234,6 +235,7 @@ def run_sweep(checkpoints: Sequence[str | os.PathLike], out: str | os.PathLike, 
     resolved = list({t.name: t for t in map(resolve_task, tasks)}.values())
     checkpoints = list(dict.fromkeys(os.path.normpath(str(c)) for c in checkpoints))
     check_sweep(scheme, checkpoints, resolved, limit, batch_size, attn_impl, calib_data, subset)
+    _check_memory(checkpoints, resolved, limit, batch_size, device)
     subset = subset if limit is not None else None  # records: which items --limit kept (none without it)
     out = check_output(out, flag="--out")
     read_records(out, missing_ok=True)  # an existing --out must be a records file before anything touches it
@@ -289,6 +291,19 @@ def check_sweep(scheme: Scheme, checkpoints: list[str], tasks: list[Task], limit
         check_checkpoint(ckpt, scheme)
     if scheme.target == "weights-gptq" and calib_data != "train":  # the train split ships with the package
         documents(calib_data)  # exists and is readable
+
+
+def _check_memory(checkpoints: list[str], tasks: list[Task], limit: int | None, batch_size: int,
+                  device: str) -> None:
+    """A perplexity batch holds ``batch_size`` windows of the context's length: their logits must fit."""
+    if not any(t.kind == "perplexity" for t in tasks):
+        return
+    batch = min(batch_size, limit) if limit else batch_size
+    for ckpt in checkpoints:
+        if not is_native_hf(ckpt):
+            cfg = read_model_config(ckpt)
+            check_fits(forward_bytes(cfg, batch, cfg.max_seq_len), device,
+                       f"scoring {batch} windows of {cfg.max_seq_len} tokens at once ({ckpt})", "lower --batch-size")
 
 
 def check_checkpoint(path: str, scheme: Scheme) -> None:

@@ -23,13 +23,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from .checkpoint import load_checkpoint, save_checkpoint
+from .checkpoint import checkpoint_format, load_checkpoint, save_checkpoint
+from .checkpoint.files import read_tensors
 from .config import ModelConfig
 from .errors import UserError
-from .io import atomic_dir, atomic_path, atomic_write_text, read_json_file
+from .io import atomic_dir, atomic_path, atomic_write_text, finite_or_none, read_json_file, write_safetensors
+from .memory import check_fits, train_bytes
 from .model import LM, build_model, num_params
 from .tracking import outlier_point
 
@@ -171,8 +172,9 @@ def make_optimizer(model: LM, cfg: TrainConfig) -> torch.optim.AdamW:
 # -- resumable state without pickle -----------------------------------------------------------------------
 
 def save_state(folder: Path, model: LM, opt: torch.optim.AdamW, step: int, history: dict, cfg: TrainConfig,
-               files: dict[str, Path] | None = None) -> None:
-    """A resumable state in ``folder``: the model (a checkpoint), AdamW's moments and the trainer's scalars."""
+               files: dict[str, Path] | None = None, data: dict | None = None) -> None:
+    """A resumable state in ``folder``: the model (a checkpoint), AdamW's moments and the trainer's scalars,
+    with ``data`` (the sha256 of the train and validation tokens) so a resume or branch can check its data."""
     tensors = {}
     for i, p in enumerate(q for g in opt.param_groups for q in g["params"]):
         st = opt.state.get(p, {})
@@ -181,9 +183,9 @@ def save_state(folder: Path, model: LM, opt: torch.optim.AdamW, step: int, histo
                 tensors[f"{i}.{key}"] = st[key].detach().cpu().contiguous()
     with atomic_dir(folder) as tmp:
         save_checkpoint(model, tmp / "model", files=files)
-        save_file(tensors, str(tmp / "optimizer.safetensors"))
-        (tmp / "trainer.json").write_text(json.dumps({"step": step, "history": history,
-                                                      "train_config": dataclasses.asdict(cfg)}))
+        write_safetensors(tensors, tmp / "optimizer.safetensors")
+        (tmp / "trainer.json").write_text(json.dumps({"step": step, "history": history, "data": data,
+                                                      "train_config": dataclasses.asdict(cfg)}, allow_nan=False))
 
 
 def load_state(out: Path, device: str) -> tuple[LM, dict[str, torch.Tensor], int, dict]:
@@ -192,19 +194,61 @@ def load_state(out: Path, device: str) -> tuple[LM, dict[str, torch.Tensor], int
 
 
 def load_state_dir(state: Path, device: str) -> tuple[LM, dict[str, torch.Tensor], int, dict, dict]:
-    """(model, optimizer moments, step, history, train config) of a state folder (``state/`` or a branch)."""
+    """(model, optimizer moments, step, history, train config) of a state folder (``state/`` or a branch),
+    each part checked (:func:`read_trainer_json`); the data fingerprint is :func:`state_data`'s."""
     if not (state / "trainer.json").is_file():
         raise FileNotFoundError(f"no resumable state in {state} (expected {state}/trainer.json)")
+    meta = read_trainer_json(state)
     model = load_checkpoint(state / "model", device=device).train()
-    moments = load_file(str(state / "optimizer.safetensors"), device=device)
-    meta = json.loads((state / "trainer.json").read_text())
-    return model, moments, meta["step"], meta["history"], meta.get("train_config", {})
+    moments = {k: v.to(device) for k, v in read_tensors(state / "optimizer.safetensors").items()}
+    return model, moments, meta["step"], meta["history"], meta["train_config"]
 
 
-def restore_optimizer(opt: torch.optim.AdamW, moments: dict[str, torch.Tensor]) -> None:
+def read_trainer_json(state: Path) -> dict:
+    """``trainer.json`` checked: the fields a resume relies on, of the right types, the step within the saved
+    budget and equal to the number of logged steps (an edited step or a deleted config is refused)."""
+    file = state / "trainer.json"
+    meta = read_json_file(file)
+    cfg, history, step = meta.get("train_config"), meta.get("history"), meta.get("step")
+    if not isinstance(cfg, dict) or not all(_is_int(cfg.get(k)) and cfg[k] > 0
+                                            for k in ("tokens", "batch_size", "seq_len")):
+        raise ValueError(f"{file}: train_config is missing or damaged; the state cannot be checked against the "
+                         "run (train again into a new --out)")
+    if not isinstance(history, dict) or not isinstance(history.get("train_loss"), list) \
+            or not isinstance(history.get("val", []), list) or not isinstance(history.get("wall_s", 0.0), (int, float)):
+        raise ValueError(f"{file}: history is missing or damaged")
+    steps = cfg["tokens"] // (cfg["batch_size"] * cfg["seq_len"])
+    if not _is_int(step) or not 0 <= step <= steps or step != len(history["train_loss"]):
+        raise ValueError(f"{file}: step {step!r} is not a step of this run (0..{steps}, with "
+                         f"{len(history['train_loss'])} logged)")
+    if meta.get("data") is not None and not isinstance(meta["data"], dict):
+        raise ValueError(f"{file}: data must be an object")
+    return meta
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def state_data(state: Path) -> dict | None:
+    """The data fingerprint a state was trained on (trainer.json; states before it: the run's train_log.json)."""
+    data = read_trainer_json(state).get("data")
+    if data is None:
+        for log_file in (state.parent / LOG_FILE, state.parent.parent / LOG_FILE):  # RUN/state, RUN/branches/stepN
+            if log_file.is_file():
+                return read_json_file(log_file).get("data")
+    return data
+
+
+def restore_optimizer(opt: torch.optim.AdamW, moments: dict[str, torch.Tensor], where: str = "the state") -> None:
     for i, p in enumerate(q for g in opt.param_groups for q in g["params"]):
         if f"{i}.exp_avg" in moments:
-            opt.state[p] = {k: moments[f"{i}.{k}"].clone() for k in ("step", "exp_avg", "exp_avg_sq")}
+            state = {k: moments.get(f"{i}.{k}") for k in ("step", "exp_avg", "exp_avg_sq")}
+            if any(v is None for v in state.values()) or state["exp_avg"].shape != p.shape \
+                    or state["exp_avg_sq"].shape != p.shape or state["step"].numel() != 1:
+                raise ValueError(f"{where}/optimizer.safetensors does not match the model (parameter {i}); "
+                                 "the state is damaged")
+            opt.state[p] = {k: v.clone() for k, v in state.items()}
 
 
 # -- the loop ---------------------------------------------------------------------------------------------
@@ -229,19 +273,22 @@ def train(
     if stop_at is not None and stop_at <= 0:
         raise ValueError(f"stop_at must be a positive step, not {stop_at}")
     end = cfg.steps if stop_at is None else min(stop_at, cfg.steps)
+    check_fits(train_bytes(model_cfg, cfg.batch_size, cfg.seq_len, 2 if cfg.bf16 else 4), device,
+               f"a training step of {cfg.batch_size} x {cfg.seq_len} tokens", "lower --batch-size or --seq-len")
+    data = data_fingerprint(train_data, val_data)
     if resume:
         model, moments, start, history, saved_cfg = load_state_dir(out / STATE_DIR, device)
         _check_same_model(model.config, model_cfg, out / STATE_DIR)
         _check_same_run(saved_cfg, cfg, start, out / STATE_DIR)
+        _check_same_data(out / STATE_DIR, data)
     else:
-        if out.exists() and any(out.iterdir()):
-            raise FileExistsError(f"{out} is not empty; pass resume=True (--resume) to continue that run")
+        _check_fresh(out)
         if branch_from:
             model, moments, start, history, origin = load_state_dir(Path(branch_from), device)
             _check_branch(model.config, model_cfg, origin, cfg, start, Path(branch_from))
+            _check_same_data(Path(branch_from), data)
         else:
-            model = (load_checkpoint(init_from, device=device) if init_from
-                     else build_model(model_cfg, seed=cfg.seed, init=cfg.init))
+            model = _init_model(model_cfg, cfg, init_from, device)
             moments, start = None, 0
             history = {"train_loss": [], "val": [], "wall_s": 0.0}
         model.to(device).train()
@@ -249,15 +296,14 @@ def train(
     model.set_attn_impl(model.config.attn_impl, chunk=EAGER_CHUNK)  # only eager attention (clipped) reads it
     opt = make_optimizer(model, cfg)
     if moments:
-        restore_optimizer(opt, moments)
+        restore_optimizer(opt, moments, str(branch_from or out / STATE_DIR))
     val = eval_windows(val_data, cfg.seq_len, cfg.eval_tokens)
     track = val[:cfg.track_windows, :-1].contiguous()
-    log_base = _log_header(model, cfg, out, train_data, val_data, init_from, provenance, branch_from)
-    if resume:
-        _check_same_data(out / LOG_FILE, log_base["data"])
+    log_base = _log_header(model, cfg, out, train_data, init_from, provenance, branch_from, data)
 
     def save(step: int, folder: Path) -> None:
-        save_state(folder, model, opt, step, history, cfg, files)
+        _check_finite(model, step)  # never replace a good state by a diverged one
+        save_state(folder, model, opt, step, history, cfg, files, data)
 
     t_start, wall_before = time.time(), history["wall_s"]
     bar = tqdm(total=cfg.steps, initial=start, desc=f"train {model.config.arch}", mininterval=5, dynamic_ncols=True)
@@ -274,12 +320,15 @@ def train(
             bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tok_s:.0f}")
             if done % cfg.eval_every == 0 or done == cfg.steps:
                 vloss = mean_loss(model, val, cfg.batch_size, device, cfg.bf16)
+                if not math.isfinite(vloss):
+                    raise TrainingDiverged(f"training diverged by step {done}: the validation loss is {vloss}")
                 history["val"].append({"step": done, "tokens": done * cfg.batch_size * cfg.seq_len, "loss": vloss})
                 log.info("step %d: train %.4f, validation %.4f", done, loss, vloss)
             if cfg.track_every and (done % cfg.track_every == 0 or done == cfg.steps):
                 _track(model, track, history, done, cfg)
             if done in cfg.snapshot_steps():
                 snap = out / SNAPSHOT_DIR / f"step{done:06d}"
+                _check_finite(model, done)
                 save_checkpoint(model, snap, overwrite=True, dtype=torch.float16, files=files,
                                 metadata={"step": str(done), "tokens": str(done * cfg.batch_size * cfg.seq_len)})
             if cfg.branch_every and done % cfg.branch_every == 0 and done < cfg.steps:
@@ -306,6 +355,7 @@ def train(
         if start < end:
             history["wall_s"] = wall_before + time.time() - t_start
         return _pause(out, log_base, history, start, end, save)
+    _check_finite(model, cfg.steps)
     save_checkpoint(model, out / FINAL_DIR, overwrite=True, dtype=torch.float16, files=files,
                     metadata={"step": str(cfg.steps), "tokens": str(cfg.steps * cfg.batch_size * cfg.seq_len)})
     return _write_log(out, log_base, history, cfg.steps)
@@ -322,8 +372,55 @@ def _pause(out: Path, log_base: dict, history: dict, start: int, end: int, save)
 
 
 def _check_same_model(saved: ModelConfig, requested: ModelConfig, where: Path) -> None:
-    if dataclasses.replace(saved, attn_impl="eager") != dataclasses.replace(requested, attn_impl="eager"):
-        raise ValueError(f"{where} holds a different model config than the one requested")
+    a, b = (dataclasses.replace(c, attn_impl="eager").to_dict() for c in (saved, requested))
+    changed = [f"{k} {a[k]} (asked {b[k]})" for k in a if a[k] != b.get(k)]
+    if changed:
+        raise ValueError(f"{where} holds a different model than the one requested: {', '.join(changed[:4])} "
+                         "(check --arch and --preset)")
+
+
+# what a run folder may hold when its process was killed before the first saved state (nothing to resume)
+UNSAVED_RUN = (SNAPSHOT_DIR, BRANCH_DIR)
+
+
+def _check_fresh(out: Path) -> None:
+    """A new run needs an empty ``out``, or one left by a run killed before its first saved state (only
+    snapshots, which the new run writes again): that one is started over with a warning."""
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise FileExistsError(f"{out} exists and is not a folder; choose another --out")
+    entries = [p for p in out.iterdir() if ".diffquant-tmp-" not in p.name]
+    if not entries:
+        return
+    if (out / STATE_DIR).exists() or (out / FINAL_DIR).exists() or any(p.name not in UNSAVED_RUN for p in entries):
+        raise FileExistsError(f"{out} is not empty: add --resume to continue the run saved there, or choose "
+                              "another --out")
+    log.warning("%s holds a run killed before its first saved state; starting it over", out)
+
+
+def _init_model(model_cfg: ModelConfig, cfg: TrainConfig, init_from, device: str) -> LM:
+    """A new model, or the float weights of ``init_from`` (checked to be the model asked for)."""
+    if not init_from:
+        return build_model(model_cfg, seed=cfg.seed, init=cfg.init)
+    if checkpoint_format(init_from) == "packed":
+        raise ValueError(f"--init-from {init_from} is a packed quantized checkpoint; training needs float weights "
+                         "(give the float checkpoint it was quantized from)")
+    model = load_checkpoint(init_from, device=device)
+    _check_same_model(model.config, model_cfg, Path(init_from))
+    return model
+
+
+def _check_finite(model: LM, step: int) -> None:
+    bad = [n for n, p in model.named_parameters() if not bool(torch.isfinite(p).all())]
+    if bad:
+        raise TrainingDiverged(f"training diverged by step {step}: {bad[0]} holds NaN or Inf (lower --lr); the "
+                               "last saved state is kept")
+
+
+def data_fingerprint(train_data: np.ndarray, val_data: np.ndarray) -> dict:
+    return {"train_tokens_sha256": hashlib.sha256(train_data.tobytes()).hexdigest(),
+            "val_tokens_sha256": hashlib.sha256(val_data.tobytes()).hexdigest()}
 
 
 def _changed_keys(saved: dict, cfg: TrainConfig, keys) -> list[str]:
@@ -354,12 +451,16 @@ def _check_same_run(saved: dict, cfg: TrainConfig, start: int, where: Path) -> N
                          "(--branch-from starts a new run from it)")
 
 
-def _check_same_data(log_file: Path, data: dict) -> None:
-    saved = read_json_file(log_file).get("data", {}) if log_file.is_file() else {}
-    for key in ("train_tokens_sha256", "val_tokens_sha256"):
-        if saved.get(key, data[key]) != data[key]:
-            raise ValueError(f"{log_file.parent} was trained on other {key.split('_')[0]} tokens ({key} differs); "
-                             "a resume must use the same data")
+def _check_same_data(state: Path, data: dict) -> None:
+    """The state was trained on these tokens (its trainer.json's fingerprint; older states: the run's log)."""
+    saved = state_data(state)
+    if not saved or any(not isinstance(saved.get(k), str) for k in data):
+        raise ValueError(f"{state} does not record which tokens it was trained on; it cannot be checked against "
+                         "--data (train again into a new --out)")
+    for key in data:
+        if saved[key] != data[key]:
+            raise ValueError(f"{state} was trained on other {key.split('_')[0]} tokens ({key} differs); a resume "
+                             "or branch must use the same data")
 
 
 def _check_branch(saved: ModelConfig, requested: ModelConfig, origin: dict, cfg: TrainConfig, start: int,
@@ -399,7 +500,7 @@ def _train_step(model: LM, opt: torch.optim.AdamW, cfg: TrainConfig, data: np.nd
     return loss.item()
 
 
-def _log_header(model, cfg, out, train_data, val_data, init_from, provenance, branch_from) -> dict:
+def _log_header(model, cfg, out, train_data, init_from, provenance, branch_from, data) -> dict:
     return {
         "branch_from": str(branch_from) if branch_from else None,
         "model_config": model.config.to_dict(),
@@ -408,8 +509,7 @@ def _log_header(model, cfg, out, train_data, val_data, init_from, provenance, br
         "seed": cfg.seed,
         "init_from": str(init_from) if init_from else None,
         "data": {
-            "train_tokens_sha256": hashlib.sha256(train_data.tobytes()).hexdigest(),
-            "val_tokens_sha256": hashlib.sha256(val_data.tobytes()).hexdigest(),
+            **data,
             "train_tokens_available": len(train_data),
             **(provenance or {}),
         },
@@ -423,7 +523,7 @@ def _log_header(model, cfg, out, train_data, val_data, init_from, provenance, br
 def _write_log(out: Path, base: dict, history: dict, step: int) -> dict:
     record = {**base, "step": step, "tokens_seen": step * base["train_config"]["batch_size"]
               * base["train_config"]["seq_len"], "history": history}
-    atomic_write_text(out / LOG_FILE, json.dumps(record, indent=1))
+    atomic_write_text(out / LOG_FILE, json.dumps(finite_or_none(record), indent=1, allow_nan=False))
     return record
 
 

@@ -153,7 +153,11 @@ def test_bad_input_is_one_line(tmp_path, capsys):
     assert main(["train", "--arch", "diff", "--preset", "xs", "--tokens", "10000", "--out", str(tmp_path / "r")]) == 2
     assert "token corpus" in capsys.readouterr().err
     shard = tmp_path / "c" / "shard_00000.bin"
-    shard.write_bytes(shard.read_bytes()[:-2])
+    good = shard.read_bytes()
+    shard.write_bytes(good[:-2])
+    with pytest.raises(ValueError, match="holds 1022 bytes; the manifest says 512 uint16 tokens"):
+        load_corpus(tmp_path / "c")
+    shard.write_bytes(bytes([good[0] ^ 1]) + good[1:])
     with pytest.raises(ValueError, match="sha256"):
         load_corpus(tmp_path / "c")
     save_checkpoint(build_model(ModelConfig.preset("tiny")), tmp_path / "ckpt")  # no tokenizer of its own
