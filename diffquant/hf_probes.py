@@ -346,9 +346,10 @@ def load_hf_model(path: str | Path, dtype: torch.dtype = torch.float32, **dispat
     check_capacity(path, sum(p.numel() for p in skeleton.parameters()), weight_files(path))
     _check_tied_head(path, config, skeleton)
     try:
-        model, info = AutoModelForCausalLM.from_pretrained(
-            path, local_files_only=True, dtype=dtype, trust_remote_code=False, use_safetensors=True,
-            output_loading_info=True, **dispatch)
+        with _quiet_transformers():  # its load report is ours to give, in one line
+            model, info = AutoModelForCausalLM.from_pretrained(
+                path, local_files_only=True, dtype=dtype, trust_remote_code=False, use_safetensors=True,
+                output_loading_info=True, **dispatch)
     except RuntimeError:  # transformers' size-mismatch report
         raise CheckpointError(f"{path}: config does not match the weights (tensor shapes differ from what "
                               "config.json implies)") from None
@@ -359,6 +360,21 @@ def load_hf_model(path: str | Path, dtype: torch.dtype = torch.float32, **dispat
         raise CheckpointError(f"{path}: the weights lack {len(missing)} tensors the config needs "
                               f"({', '.join(map(str, missing[:3]))}); a random stand-in would be measured")
     return model.eval()
+
+
+@contextmanager
+def _quiet_transformers():
+    from transformers.utils import logging as hf_logging
+
+    level, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 def _module_weight(model: nn.Module, module: nn.Module | None) -> str | None:
