@@ -8,8 +8,8 @@ McNemar test (:func:`mcnemar_exact`) and a perplexity's own interval (:func:`boo
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Callable
 from fractions import Fraction
 
 import numpy as np
@@ -25,14 +25,62 @@ def paired_arrays(result_a: dict, result_b: dict, key: str = "correct") -> tuple
     return np.array([a[i] for i in ids], dtype=np.float64), np.array([b[i] for i in ids], dtype=np.float64)
 
 
-def _bootstrap(statistic: Callable[[np.ndarray], np.ndarray], m: int, n: int, seed: int) -> np.ndarray:
-    """``n`` values of ``statistic(idx)`` over resamples ``idx`` (k, m) of ``range(m)``, drawn in chunks."""
+CHUNK_DRAWS = 2_000_000  # indices drawn at once: the memory of one chunk, whatever n and m
+COUNT_CACHE_BYTES = 256 << 20  # resample counts kept for the next statistic over the same (seed, m, n)
+PROGRESS_DRAWS = 50_000_000  # a bootstrap drawing more indices than this shows a progress bar
+
+
+def bootstrap_sums(vectors: np.ndarray, n: int, seed: int) -> np.ndarray:
+    """Column sums of ``vectors`` (m units, p columns) over ``n`` bootstrap resamples of its rows: (n, p).
+
+    Every statistic here is a function of such sums (means, ratios of sums), so a resample is its count vector
+    (how often each unit was drawn) and all sums of a chunk are one matrix product. The resamples depend only on
+    (seed, m, n) — the same draws as indexing with ``rng.integers(0, m, (k, m))`` chunk by chunk — and a report
+    asks for many statistics over the same units (every bit width and comparison of a task), so the last set of
+    counts is kept (one byte per count while it fits in :data:`COUNT_CACHE_BYTES`) and reused instead of drawn
+    again. Larger sets are streamed, with a progress bar when long."""
     if n < 1:
         raise ValueError(f"the number of bootstrap resamples must be positive, got {n}")
+    vectors = np.asarray(vectors, dtype=np.float64)
+    m = vectors.shape[0]
+    out = np.empty((n, vectors.shape[1]))
+    if n * m <= COUNT_CACHE_BYTES:
+        counts = _kept_counts(seed, m, n)
+        chunk = max(1, CHUNK_DRAWS // m)
+        for s in range(0, n, chunk):
+            out[s:s + chunk] = counts[s:s + chunk].astype(np.float64) @ vectors
+        return out
+    from tqdm.auto import tqdm  # lazy: only long bootstraps need it
+
+    with tqdm(total=n, desc=f"bootstrap ({m} units)", unit="resample", leave=False,
+              disable=n * m < PROGRESS_DRAWS) as bar:
+        for s, counts in _counts(seed, m, n):
+            out[s:s + len(counts)] = counts @ vectors
+            bar.update(len(counts))
+    return out
+
+
+def _counts(seed: int, m: int, n: int):
+    """(first resample, float64 counts (k, m)) chunk by chunk."""
     rng = np.random.default_rng(seed)
-    chunk = max(1, 2_000_000 // m)
-    out = [statistic(rng.integers(0, m, size=(min(chunk, n - s), m))) for s in range(0, n, chunk)]
-    return np.concatenate(out)
+    chunk = max(1, CHUNK_DRAWS // m)
+    for s in range(0, n, chunk):
+        idx = rng.integers(0, m, size=(min(chunk, n - s), m))
+        flat = (idx + m * np.arange(len(idx))[:, None]).ravel()
+        yield s, np.bincount(flat, minlength=idx.size).reshape(idx.shape).astype(np.float64)
+
+
+@functools.lru_cache(maxsize=1)
+def _kept_counts(seed: int, m: int, n: int) -> np.ndarray:
+    """All ``n`` count vectors of :func:`_counts` as uint8 (a unit drawn over 255 times in one resample of m is
+    beyond any practical m; checked)."""
+    out = np.empty((n, m), dtype=np.uint8)
+    for s, counts in _counts(seed, m, n):
+        if counts.max() > 255:
+            raise ValueError(f"a bootstrap resample drew one of {m} units {int(counts.max())} times")
+        out[s:s + len(counts)] = counts
+    out.flags.writeable = False
+    return out
 
 
 def _interval(values: np.ndarray, level: float) -> tuple[float, float]:
@@ -57,7 +105,7 @@ def paired_bootstrap(a, b, n: int = 10000, seed: int = 0, level: float = 0.95) -
     same items) with a paired percentile bootstrap interval (items resampled, both arrays together)."""
     a, b = _vectors(a, b, names="a and b")
     d = b - a
-    values = _bootstrap(lambda idx: d[idx].mean(axis=1), d.size, n, seed)
+    values = bootstrap_sums(d[:, None], n, seed)[:, 0] / d.size
     low, high = _interval(values, level)
     return {"delta": float(d.mean()), "low": low, "high": high, "level": level, "n_items": int(d.size),
             "n_boot": n}
@@ -93,7 +141,8 @@ def _windows(window_losses) -> tuple[np.ndarray, np.ndarray]:
 def bootstrap_ppl_ci(window_losses, n: int = 10000, seed: int = 0, level: float = 0.95) -> dict:
     """Perplexity with a percentile bootstrap interval, windows resampled (``exp(Σ nats / Σ tokens)``)."""
     nll, tokens = _windows(window_losses)
-    values = _bootstrap(lambda idx: np.exp(nll[idx].sum(1) / tokens[idx].sum(1)), nll.size, n, seed)
+    sums = bootstrap_sums(np.stack([nll, tokens], 1), n, seed)
+    values = np.exp(sums[:, 0] / sums[:, 1])
     low, high = _interval(values, level)
     return {"perplexity": float(np.exp(nll.sum() / tokens.sum())), "low": low, "high": high, "level": level,
             "n_windows": int(nll.size), "n_boot": n}
@@ -107,11 +156,8 @@ def paired_bootstrap_ppl(windows_a, windows_b, n: int = 10000, seed: int = 0, le
     if tok_a.shape != tok_b.shape or not np.array_equal(tok_a, tok_b):
         raise ValueError("window losses do not pair: different windows (text, tokenizer or max_len differ)")
 
-    def delta(idx):
-        t = tok_a[idx].sum(1)
-        return np.exp(nll_b[idx].sum(1) / t) - np.exp(nll_a[idx].sum(1) / t)
-
-    values = _bootstrap(delta, nll_a.size, n, seed)
+    t, sa, sb = bootstrap_sums(np.stack([tok_a, nll_a, nll_b], 1), n, seed).T
+    values = np.exp(sb / t) - np.exp(sa / t)
     low, high = _interval(values, level)
     ppl_a, ppl_b = (float(np.exp(x.sum() / tok_a.sum())) for x in (nll_a, nll_b))
     return {"perplexity_a": ppl_a, "perplexity_b": ppl_b, "delta": ppl_b - ppl_a, "low": low, "high": high,
@@ -130,7 +176,7 @@ def difference_of_degradations(base_a, quant_a, base_b, quant_b, n: int = 10000,
                                                 names="base_a, quant_a, base_b and quant_b")
     da, db = quant_a - base_a, quant_b - base_b
     diff = db - da
-    values = _bootstrap(lambda idx: diff[idx].mean(axis=1), diff.size, n, seed)
+    values = bootstrap_sums(diff[:, None], n, seed)[:, 0] / diff.size
     low, high = _interval(values, level)
     return {"delta_a": float(da.mean()), "delta_b": float(db.mean()), "difference": float(diff.mean()),
             "low": low, "high": high, "level": level, "n_items": int(diff.size), "n_boot": n}

@@ -17,6 +17,8 @@ import platform
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
+
 from .kinds import ATTN_PROBS, canonical_granularity
 
 log = logging.getLogger(__name__)
@@ -148,12 +150,21 @@ def _range_problem(bits: int, m: dict, units: str) -> str | None:
     for key in ("acc", "acc_norm"):
         if m.get(key) is not None and not (_number(m[key]) and 0 <= m[key] <= 1):
             return f"{key} must lie in [0, 1], got {m[key]}"
-    if units == "window_losses":
-        for w in m[units]:
-            if not (isinstance(w, list) and len(w) == 2 and (w[0] is None or _number(w[0]))
-                    and isinstance(w[1], int) and not isinstance(w[1], bool) and w[1] > 0):
-                return f"each window loss must be [nats, tokens] with tokens a positive integer, got {w}"
+    if units == "window_losses" and not _windows_ok(m[units]):
+        bad = next(w for w in m[units] if not _windows_ok([w]))
+        return f"each window loss must be [nats, tokens] with tokens a positive integer, got {bad}"
     return None
+
+
+def _windows_ok(windows: list) -> bool:
+    """Every window is ``[nats or null, tokens >= 1]`` (checked as one array: records hold millions of them)."""
+    try:
+        tokens = np.array([w[1] for w in windows])
+        nats = np.array([w[0] for w in windows if w[0] is not None], dtype=np.float64)
+    except (TypeError, IndexError, KeyError, ValueError):
+        return False
+    shapes_ok = all(type(w) is list and len(w) == 2 for w in windows)
+    return shapes_ok and nats.ndim == 1 and (tokens.size == 0 or (tokens.dtype.kind == "i" and tokens.min() >= 1))
 
 
 def is_finite(rec: dict) -> bool:

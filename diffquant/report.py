@@ -41,6 +41,7 @@ from .config import ModelConfig
 from .kinds import SEQUENCE
 from .paired import (
     bootstrap_ppl_ci,
+    bootstrap_sums,
     difference_of_degradations,
     mcnemar_exact,
     paired_arrays,
@@ -330,15 +331,11 @@ def _loss_advantage(bt, qt, bd, qd, n_boot: int, seed: int, level: float = 0.95)
     """``Δloss(Transformer) − Δloss(Diff)`` over windows, with a percentile bootstrap (windows resampled jointly)."""
     tokens = bt[:, 1]
     gain = (qt[:, 0] - bt[:, 0]) - (qd[:, 0] - bd[:, 0])  # nats per window the Transformer lost beyond Diff
-    rng = np.random.default_rng(seed)
     m = tokens.size
-    chunk = max(1, 2_000_000 // m)
-    values = []
-    for start in range(0, n_boot, chunk):
-        idx = rng.integers(0, m, size=(min(chunk, n_boot - start), m))
-        values.append(gain[idx].sum(1) / tokens[idx].sum(1))
+    sums = bootstrap_sums(np.stack([gain, tokens], 1), n_boot, seed)
+    values = sums[:, 0] / sums[:, 1]
     tail = (1 - level) / 2 * 100
-    low, high = np.percentile(np.concatenate(values), [tail, 100 - tail])
+    low, high = np.percentile(values, [tail, 100 - tail])
     total = tokens.sum()
     return {"delta_transformer": float((qt[:, 0] - bt[:, 0]).sum() / total),
             "delta_candidate": float((qd[:, 0] - bd[:, 0]).sum() / total),
