@@ -50,9 +50,9 @@ def bootstrap_sums(vectors: np.ndarray, n: int, seed: int) -> np.ndarray:
         for s in range(0, n, chunk):
             out[s:s + chunk] = counts[s:s + chunk].astype(np.float64) @ vectors
         return out
-    from tqdm.auto import tqdm  # lazy: only long bootstraps need it
+    from .progress import progress_bar  # lazy: only long bootstraps need it
 
-    with tqdm(total=n, desc=f"bootstrap ({m} units)", unit="resample", leave=False,
+    with progress_bar(total=n, desc=f"bootstrap ({m} units)", unit="resample", leave=False,
               disable=n * m < PROGRESS_DRAWS) as bar:
         for s, counts in _counts(seed, m, n):
             out[s:s + len(counts)] = counts @ vectors

@@ -1,6 +1,6 @@
 """`diffquant report` on a synthetic records file: time of loading and rendering (bootstrap intervals), with the
-bootstrap resamples shared between statistics (the default) and drawn again for each statistic (the behaviour
-before issue 42), printed side by side; the two tables must be identical.
+bootstrap resample counts kept between statistics over the same units (the default) and drawn again for each
+statistic (as before issue 42), printed side by side; the two tables must be identical.
 
     python experiments/bench_report.py [--windows 5000] [--schemes 4] [--n-boot 10000]
 
