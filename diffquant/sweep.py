@@ -235,7 +235,8 @@ def run_sweep(checkpoints: Sequence[str | os.PathLike], out: str | os.PathLike, 
     resolved = list({t.name: t for t in map(resolve_task, tasks)}.values())
     checkpoints = list(dict.fromkeys(os.path.normpath(str(c)) for c in checkpoints))
     check_sweep(scheme, checkpoints, resolved, limit, batch_size, attn_impl, calib_data, subset)
-    _check_memory(checkpoints, resolved, limit, batch_size, device)
+    if not dispatch:  # a dispatched model spreads over devices: accelerate's max_memory governs it
+        _check_memory(checkpoints, resolved, limit, batch_size, device)
     subset = subset if limit is not None else None  # records: which items --limit kept (none without it)
     out = check_output(out, flag="--out")
     read_records(out, missing_ok=True)  # an existing --out must be a records file before anything touches it
