@@ -84,6 +84,8 @@ def _cgroup_free() -> int | None:
         if limit == "max":
             return None
         used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+        stat = dict(line.split() for line in Path("/sys/fs/cgroup/memory.stat").read_text().splitlines())
+        used -= int(stat.get("inactive_file", 0))  # page cache the kernel reclaims on demand
         return max(0, int(limit) - used)
     except (OSError, ValueError):
         return None

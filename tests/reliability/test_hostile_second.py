@@ -370,3 +370,33 @@ def test_errno_lines_name_the_path():
     assert first_line(PermissionError(13, "Permission denied", "/x/y")) == "/x/y: permission denied"
     assert first_line(FileNotFoundError("custom message")) == "custom message"
     assert re.match(r"^a -> b: ", first_line(OSError(18, "Invalid cross-device link", "a", None, "b")))
+
+
+@pytest.mark.parametrize("arch", ["transformer", "diff"])
+def test_kv_cache_estimate_is_the_cache_allocated(arch):
+    import torch
+
+    from diffquant import ModelConfig
+    from diffquant.memory import kv_cache_bytes
+    from diffquant.model import KVCache
+
+    cfg = ModelConfig.preset("xs", arch=arch)
+    cache = KVCache(cfg, 3, 40, dtype=torch.float64)
+    allocated = sum(t.nbytes for t in cache.keys + cache.values)
+    assert kv_cache_bytes(cfg, 3, 40, 8) == allocated
+
+
+def test_cgroup_page_cache_counts_as_free(tmp_path, monkeypatch):
+    import diffquant.memory as memory
+
+    files = {"memory.max": "1000000", "memory.current": "900000", "memory.stat": "anon 100000\ninactive_file 800000\n"}
+    real = memory.Path
+
+    def fake(p):
+        name = str(p).rsplit("/", 1)[-1]
+        return tmp_path / name if str(p).startswith("/sys/fs/cgroup/") else real(p)
+
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    monkeypatch.setattr(memory, "Path", fake)
+    assert memory._cgroup_free() == 1000000 - (900000 - 800000)
