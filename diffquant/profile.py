@@ -28,6 +28,7 @@ from .io import atomic_write_text
 from .kinds import ATTENTION_KINDS, ATTN_LOGITS, CAUSAL_KINDS, HIDDEN, TOKEN_KINDS
 from .probes import Probe, ProbeCall, hooked, probes
 from .stats import ExactPass, Quantiles, SiteStats
+from .stats_device import DeviceSiteStats, keep_positions
 from .tables import TABLE5_RANKS, outlier_table
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,9 @@ log = logging.getLogger(__name__)
 PROTOCOLS = ("global", "per_sequence")
 DEFAULT_SITES = (ATTN_LOGITS, HIDDEN)
 ATTN_SITES = ATTENTION_KINDS
+# The sync-free statistics (stats_device) on the CPU: off, measured slower there (experiments/bench_profile.py:
+# the host path skips most of each warmed-up call with one comparison, the device path ranks every entry).
+SYNC_FREE_ON_CPU = False
 
 
 def _layer_of(name: str) -> int:
@@ -81,11 +85,23 @@ class OutlierReport:
         return outlier_table({self.data.get("label", "model"): self.data}, fmt=fmt)
 
 
+def use_sync_free(sync_free: bool | None, device: torch.device, protocol: str = "global") -> bool:
+    """Whether profile keeps its statistics on the device: asked for, or by default off the CPU."""
+    if protocol != "global":
+        return False  # per-sequence results are read per batch: the host path
+    return (device.type != "cpu" or SYNC_FREE_ON_CPU) if sync_free is None else bool(sync_free)
+
+
 class _Profiler:
-    def __init__(self, model: nn.Module, sites, topk: int, protocol: str, exact_median: bool):
+    def __init__(self, model: nn.Module, sites, topk: int, protocol: str, exact_median: bool,
+                 sync_free: bool = False):
         self.protocol, self.topk, self.exact_median = protocol, topk, exact_median
         self.selected = {n: p for n, p in probes(model, tuple(sites)).items()}
         self.logs = {n: _ProbeLog(_layer_of(n), p.kind, self._new_stats(p)) for n, p in self.selected.items()}
+        self.device_stats = None if not sync_free else {
+            n: DeviceSiteStats(topk, exact_median, -1 if p.kind in TOKEN_KINDS else None)
+            for n, p in self.selected.items()}
+        self._keeps: dict[tuple, tuple[torch.Tensor, int] | None] = {}  # counted positions per mask shape
         self.seq_base = 0
         self.tokens = 0
         self.ids: list[torch.Tensor] = []
@@ -98,12 +114,31 @@ class _Profiler:
 
     def hook(self, name: str, probe: Probe, x: torch.Tensor, call: ProbeCall) -> None:
         entry = self.logs[name]
+        entry.calls.append((self.seq_base, call.q_offset))
+        if self.device_stats is not None:
+            self.device_stats[name].update(x, self._keep(probe, x, call.q_offset), tag=entry.layer)
+            return
         mask = probe.causal_mask(x, call.q_offset)
         entry.stats.update(x.detach(), mask, tag=entry.layer)
-        entry.calls.append((self.seq_base, call.q_offset))
         if self._seq_stats is not None:
             for b, seq in enumerate(self._seq_stats[probe.kind]):
                 seq.update(x[b].detach(), None if mask is None else mask[0], tag=entry.layer)
+
+    def _keep(self, probe: Probe, x: torch.Tensor, q_offset: int) -> tuple[torch.Tensor, int] | None:
+        """The counted positions of a causal probe's mask, found once per shape (the only sync they cost)."""
+        if not probe.causal:
+            return None
+        key = (tuple(x.shape[-2:]), x.ndim, q_offset, probe.window, x.device)
+        if key not in self._keeps:
+            self._keeps[key] = keep_positions(probe.causal_mask(x, q_offset), tuple(x.shape))
+        return self._keeps[key]
+
+    def finish(self) -> None:
+        """Bring the device statistics to the host (once per run)."""
+        if self.device_stats is not None:
+            for name, dev in self.device_stats.items():
+                self.logs[name].stats = dev.host()
+            self.device_stats = None
 
     def run_batch(self, model: nn.Module, ids: torch.Tensor) -> None:
         if self.protocol == "per_sequence":
@@ -125,13 +160,15 @@ def _device_of(model: nn.Module) -> torch.device:
 def profile(
     model: nn.Module, batches: Iterable[torch.Tensor], sites: Iterable[str] = DEFAULT_SITES, topk: int = 100,
     protocol: str = "global", exact_median: bool = False, chunk: int | None = None, n_locations: int = 20,
-    label: str | None = None, progress: bool = True,
+    label: str | None = None, progress: bool = True, sync_free: bool | None = None,
 ) -> OutlierReport:
     """Profile |x| at the probes of the given kinds over ``batches`` (LongTensors [B, T]).
 
     The model's outputs are never changed; attention runs eager (``chunk``: query-chunked for long inputs)
     for the duration of the call and the model's own setting is restored afterwards.
     ``exact_median`` makes fp32 medians exact with a second pass over the same batches.
+    ``sync_free`` keeps every statistic on the model's device until the end of the run (same results; None:
+    off the CPU only, see ``SYNC_FREE_ON_CPU``).
     """
     if protocol not in PROTOCOLS:
         raise ValueError(f"unknown protocol {protocol!r}; expected one of {', '.join(PROTOCOLS)}")
@@ -141,7 +178,8 @@ def profile(
     batches = list(batches)
     if not batches:
         raise ValueError("no data to profile: the batch list is empty")
-    prof = _Profiler(model, sites, topk, protocol, exact_median)
+    prof = _Profiler(model, sites, topk, protocol, exact_median,
+                     use_sync_free(sync_free, _device_of(model), protocol))
     first, mine = distributed.block(batches)  # data parallel: a contiguous run of windows per rank
     prof.seq_base = sum(int(b.shape[0]) for b in batches[:first])  # windows keep their global index
     progress = progress and distributed.is_main()
@@ -150,6 +188,7 @@ def profile(
         with _eager_attention(model, chunk), torch.no_grad(), hooked(model, prof.hook, kinds=sites):
             for ids in tqdm(mine, desc=f"profile {label or ''}".strip(), disable=not progress, mininterval=2):
                 prof.run_batch(model, ids)
+        prof.finish()
         return None if distributed.is_main() else _shard_state(prof)
 
     pooled: dict = {}  # rank 0 only: the merged stats stay there, only the final record is broadcast
