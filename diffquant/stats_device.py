@@ -38,7 +38,11 @@ from .stats import (
     row_kurtosis,
 )
 
-__all__ = ["DeviceSiteStats", "DeviceTopK", "keep_positions"]
+__all__ = ["CandidateOverflow", "DeviceSiteStats", "DeviceTopK", "keep_positions"]
+
+
+class CandidateOverflow(RuntimeError):
+    """The kernel path's top-k candidates did not fit their buffer (massive ties): redo the run another way."""
 
 _INT = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 _LOW32 = (1 << 32) - 1
@@ -186,6 +190,10 @@ class DeviceQuantiles:
             weights = torch.ones(1, dtype=torch.long, device=bins.device).expand(bins.numel())
         hist.index_add_(0, bins.reshape(-1), weights)
 
+    def add_histogram(self, mode: str, counts: torch.Tensor) -> None:
+        hist = self.hists.get(mode)
+        self.hists[mode] = counts.clone() if hist is None else hist.add_(counts)
+
     def host(self) -> tuple[Quantiles, int, int]:
         """The host histogram (finite values only), and the NaN and Inf counts."""
         out, nan, inf = Quantiles(), 0, 0
@@ -217,6 +225,7 @@ class DeviceSiteStats:
         self.kurt_sums: list[torch.Tensor] = []
         self.kurt_count: torch.Tensor | None = None
         self.kurt_max: torch.Tensor | None = None
+        self.overflow: torch.Tensor | None = None  # kernel path: a candidate buffer was too small
 
     def update(self, x: torch.Tensor, keep: tuple[torch.Tensor, int] | None = None, tag: int = 0) -> None:
         """``keep``: the counted positions of a trailing-block mask (:func:`keep_positions`), or None: all count."""
@@ -231,6 +240,15 @@ class DeviceSiteStats:
         if self.channel_dim is not None and x.ndim:
             self._channels(a.view(x.shape))
             self._kurtosis(x.detach())
+
+    def absorb_logits(self, summary, tag: int = 0) -> None:
+        """One call's :class:`~diffquant.kernels.logit_stats.LogitSummary` (the logits were never materialised)."""
+        self.topk.absorb(summary.values, summary.index, summary.shape, tag)
+        self.hist.lossy |= summary.mode not in ("fp16", "bf16")
+        self.hist.add_histogram(summary.mode, summary.hist)
+        self.sums.append(summary.total)
+        self.take_max(summary.values[:1].clamp(min=0).sum())  # the top value (0 when nothing counted)
+        self.overflow = summary.overflow if self.overflow is None else self.overflow | summary.overflow
 
     def add_moments(self, a: torch.Tensor) -> None:
         finite = torch.where(a.view(_INT[a.element_size()]) < _INF_BITS[a.dtype], a, 0)
@@ -267,6 +285,8 @@ class DeviceSiteStats:
 
     def host(self) -> SiteStats:
         """Everything to the CPU (the run's one sync) as the SiteStats the host path would hold."""
+        if self.overflow is not None and bool(self.overflow):
+            raise CandidateOverflow("a logit-statistics candidate buffer overflowed: its top-k is not exact")
         out = SiteStats(self.k, self.exact_median, self.channel_dim)
         out.topk = self.topk.host()
         out.hist, nan, inf = self.hist.host()

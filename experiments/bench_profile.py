@@ -6,6 +6,7 @@
 Part 1, time (same model, same batches, alternating repeats; ratios to (a)):
   (a) plain eager forward, (b) profiling hidden states only, (c) hidden states + attention logits,
   (d) the naive baseline: store every activation (float64, as massive-activations does), then sort;
+  (b) and (c) again with the sync-free statistics (profile(sync_free=True), the default off the CPU);
   with --baseline-stats (e.g. an older diffquant/stats.py from `git show REV:diffquant/stats.py > old.py`),
   (b) and (c) again with that file's SiteStats, so a change is measured against its baseline in the same run.
 Part 2, peak memory (each measurement in a fresh subprocess, ru_maxrss) at two token counts on the tiny
@@ -90,6 +91,10 @@ def time_part(preset: str, tokens: int, repeats: int, baseline: str | None = Non
         "b_hidden": lambda: profile(model, batches, sites=("hidden",), progress=False),
         "c_hidden_logits": lambda: profile(model, batches, sites=("hidden", "attn_logits"), progress=False),
         "d_naive": lambda: naive_profile(model, batches),
+        # the same with the statistics kept on the device (stats_device; the default off the CPU)
+        "b_hidden_syncfree": lambda: profile(model, batches, sites=("hidden",), progress=False, sync_free=True),
+        "c_hidden_logits_syncfree": lambda: profile(model, batches, sites=("hidden", "attn_logits"),
+                                                    progress=False, sync_free=True),
     }
     if baseline:
         old = load_site_stats(baseline)

@@ -1,0 +1,82 @@
+"""The Triton logit-statistics kernel (interpreted on the CPU) against the host profiler's reducers.
+
+Inputs are dyadic (small integers times a power of two, scale d^-½ a power of two), so every tile product is exact
+and equals torch's matmul whatever the summation order: top-k values, coordinates, counts, histogram and median
+must then match bit for bit.
+"""
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from diffquant.stats import SiteStats, _unravel  # noqa: E402
+from diffquant.stats_device import DeviceSiteStats  # noqa: E402
+
+from diffquant.kernels.logit_stats import logit_stats  # noqa: E402  (after the interpreter switch: conftest)
+
+
+def dyadic(shape, gen, dtype):
+    return (torch.randint(-6, 7, shape, generator=gen) * 0.5).to(dtype)
+
+
+def eager_logits(q, k, n_heads, sub):
+    """The model's eager path: (q·d^-½) kᵀ per head and map, (B, H, s, T, S) or (B, H, T, S) for one map."""
+    B, _, T, d = q.shape
+    K, S = k.shape[1] // sub, k.shape[2]
+    qh = q.view(B, n_heads, sub, T, d)
+    kh = k.view(B, K, sub, S, d).repeat_interleave(n_heads // K, dim=1)
+    x = (qh * d ** -0.5) @ kh.transpose(-1, -2)
+    return x if sub > 1 else x.squeeze(2)
+
+
+def causal(t, s):
+    return torch.ones(t, s, dtype=torch.bool).tril(s - t)
+
+
+def run_both(seed, B, n_heads, n_kv, sub, T, d, topk, dtype, block=(16, 16)):
+    gen = torch.Generator().manual_seed(seed)
+    q, k = dyadic((B, n_heads * sub, T, d), gen, dtype), dyadic((B, n_kv * sub, T, d), gen, dtype)
+    ref = SiteStats(topk)
+    x = eager_logits(q, k, n_heads, sub)
+    ref.update(x, causal(T, T), tag=3)
+    summary = logit_stats(q, k, n_heads, sub, topk, dtype, block=block)
+    assert summary.shape == tuple(x.shape)
+    got = DeviceSiteStats(topk)
+    got.absorb_logits(summary, tag=3)
+    return got.host(), ref, summary, x
+
+
+@pytest.mark.parametrize("sub,n_kv,d,T", [(2, 2, 4, 20), (1, 2, 16, 19), (2, 1, 16, 33)])
+@pytest.mark.parametrize("topk", [1, 25, 5000])
+def test_kernel_equals_the_host_profiler(sub, n_kv, d, T, topk):
+    host, ref, summary, x = run_both(sub * 100 + T, 2, 4, n_kv, sub, T, d, topk, torch.float32)
+    got, want = host.result(), ref.result()
+    assert got["top"] == want["top"] and got["top_coords"] == want["top_coords"]
+    assert got["top_tags"] == want["top_tags"] and got["count"] == want["count"]
+    assert host.hist.state_dict() == ref.hist.state_dict() and got["quantiles"] == want["quantiles"]
+    assert got["median"] == want["median"] == x[causal(T, T).expand_as(x)].abs().median().item()
+    assert got["mean_abs"] == pytest.approx(want["mean_abs"], rel=1e-6) and got["max"] == want["max"]
+    assert not bool(summary.overflow)
+
+
+def test_bfloat16_logits_bin_by_pattern_exactly():
+    host, ref, _, _ = run_both(7, 1, 2, 2, 2, 24, 16, 30, torch.bfloat16)
+    assert host.result() == ref.result() and ref.hist.exact
+
+
+def test_top_coordinates_point_at_the_logits():
+    host, _, _, x = run_both(11, 2, 4, 2, 2, 18, 4, 40, torch.float32)
+    top = host.topk
+    for value, coords in zip(top.values.tolist(), top.coords.tolist(), strict=True):
+        b, h, j, t, s = coords
+        assert s <= t and abs(x[b, h, j, t, s].item()) == value
+
+
+def test_a_full_candidate_buffer_is_reported():
+    gen = torch.Generator().manual_seed(0)
+    q = torch.ones(1, 4, 16, 4)  # every logit ties: the threshold bin holds all of them
+    summary = logit_stats(q, torch.ones(1, 4, 16, 4), 2, 2, 5, torch.float32, block=(16, 16), capacity=8)
+    assert bool(summary.overflow)
+    assert _unravel(summary.index[:1], summary.shape).tolist() == [[0, 0, 0, 0, 0]]
+    del gen
