@@ -25,10 +25,10 @@ from tqdm import tqdm
 from . import distributed
 from .dispatch import input_device
 from .io import atomic_write_text
-from .kinds import ATTENTION_KINDS, ATTN_LOGITS, CAUSAL_KINDS, HIDDEN, TOKEN_KINDS
+from .kinds import ATTENTION_KINDS, ATTN_K, ATTN_LOGITS, ATTN_Q, CAUSAL_KINDS, HIDDEN, TOKEN_KINDS
 from .probes import Probe, ProbeCall, hooked, probes
 from .stats import ExactPass, Quantiles, SiteStats
-from .stats_device import DeviceSiteStats, keep_positions
+from .stats_device import CandidateOverflow, DeviceSiteStats, keep_positions
 from .tables import TABLE5_RANKS, outlier_table
 
 log = logging.getLogger(__name__)
@@ -92,9 +92,36 @@ def use_sync_free(sync_free: bool | None, device: torch.device, protocol: str = 
     return (device.type != "cpu" or SYNC_FREE_ON_CPU) if sync_free is None else bool(sync_free)
 
 
+def use_logits_kernel(logits_kernel: bool | None, model: nn.Module, sites: tuple[str, ...], protocol: str) -> bool:
+    """Whether the attention-logit statistics come from the Triton kernel (kernels.logit_stats) instead of the
+    eager logits: asked for, or by default on CUDA when Triton is there and its self-check passes. Only for our
+    models' attention (q / k probes, no sliding window), the global protocol, and when q / k are not profiled."""
+    if logits_kernel is False or ATTN_LOGITS not in sites or protocol != "global" or {ATTN_Q, ATTN_K} & set(sites):
+        return False
+    attns = _kernel_attentions(model)
+    if not attns or any(m.logits.window is not None for m in attns.values()):
+        return False
+    if logits_kernel:
+        return True
+    device = _device_of(model)
+    from .kernels import available
+
+    if device.type != "cuda" or not available():
+        return False
+    from .kernels.logit_stats import self_check
+
+    return self_check(device)
+
+
+def _kernel_attentions(model: nn.Module) -> dict[str, nn.Module]:
+    """Attention modules whose q / k probes the kernel can read, by qualified name."""
+    return {n: m for n, m in model.named_modules()
+            if all(hasattr(m, a) for a in ("q", "k", "logits", "sub", "n_heads")) and isinstance(m.logits, Probe)}
+
+
 class _Profiler:
     def __init__(self, model: nn.Module, sites, topk: int, protocol: str, exact_median: bool,
-                 sync_free: bool = False):
+                 sync_free: bool = False, kernel: bool = False):
         self.protocol, self.topk, self.exact_median = protocol, topk, exact_median
         self.selected = {n: p for n, p in probes(model, tuple(sites)).items()}
         self.logs = {n: _ProbeLog(_layer_of(n), p.kind, self._new_stats(p)) for n, p in self.selected.items()}
@@ -102,6 +129,8 @@ class _Profiler:
             n: DeviceSiteStats(topk, exact_median, -1 if p.kind in TOKEN_KINDS else None)
             for n, p in self.selected.items()}
         self._keeps: dict[tuple, tuple[torch.Tensor, int] | None] = {}  # counted positions per mask shape
+        self.kernel = _kernel_attentions(model) if kernel else {}  # attention modules whose logits it profiles
+        self._queries: dict[str, torch.Tensor] = {}  # kernel path: a layer's q until its k arrives
         self.seq_base = 0
         self.tokens = 0
         self.ids: list[torch.Tensor] = []
@@ -112,7 +141,15 @@ class _Profiler:
         channel_dim = -1 if probe.kind in TOKEN_KINDS else None
         return SiteStats(topk=topk or self.topk, exact_median=self.exact_median, channel_dim=channel_dim)
 
+    def hook_kinds(self, sites: tuple[str, ...]) -> tuple[str, ...]:
+        """The probe kinds to hook: with the kernel, the logits come from q and k."""
+        if not self.kernel:
+            return sites
+        return (*(s for s in sites if s != ATTN_LOGITS), ATTN_Q, ATTN_K)
+
     def hook(self, name: str, probe: Probe, x: torch.Tensor, call: ProbeCall) -> None:
+        if probe.kind in (ATTN_Q, ATTN_K) and self.kernel:
+            return self._kernel_hook(name, probe, x, call)
         entry = self.logs[name]
         entry.calls.append((self.seq_base, call.q_offset))
         if self.device_stats is not None:
@@ -123,6 +160,21 @@ class _Profiler:
         if self._seq_stats is not None:
             for b, seq in enumerate(self._seq_stats[probe.kind]):
                 seq.update(x[b].detach(), None if mask is None else mask[0], tag=entry.layer)
+
+    def _kernel_hook(self, name: str, probe: Probe, x: torch.Tensor, call: ProbeCall) -> None:
+        """q arrives first and waits; with k, the kernel computes the layer's logit statistics."""
+        from .kernels.logit_stats import logit_stats
+
+        prefix = name.rpartition(".")[0]
+        if probe.kind == ATTN_Q:
+            self._queries[prefix] = x.detach()
+            return
+        q, attn, entry = self._queries.pop(prefix), self.kernel[prefix], self.logs[f"{prefix}.logits"]
+        kind = x.device.type
+        out_dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else q.dtype
+        summary = logit_stats(q, x.detach(), attn.n_heads, attn.sub, self.topk, out_dtype, q_offset=call.q_offset)
+        self.device_stats[f"{prefix}.logits"].absorb_logits(summary, tag=entry.layer)
+        entry.calls.append((self.seq_base, call.q_offset))
 
     def _keep(self, probe: Probe, x: torch.Tensor, q_offset: int) -> tuple[torch.Tensor, int] | None:
         """The counted positions of a causal probe's mask, found once per shape (the only sync they cost)."""
@@ -161,6 +213,7 @@ def profile(
     model: nn.Module, batches: Iterable[torch.Tensor], sites: Iterable[str] = DEFAULT_SITES, topk: int = 100,
     protocol: str = "global", exact_median: bool = False, chunk: int | None = None, n_locations: int = 20,
     label: str | None = None, progress: bool = True, sync_free: bool | None = None,
+    logits_kernel: bool | None = None,
 ) -> OutlierReport:
     """Profile |x| at the probes of the given kinds over ``batches`` (LongTensors [B, T]).
 
@@ -168,7 +221,9 @@ def profile(
     for the duration of the call and the model's own setting is restored afterwards.
     ``exact_median`` makes fp32 medians exact with a second pass over the same batches.
     ``sync_free`` keeps every statistic on the model's device until the end of the run (same results; None:
-    off the CPU only, see ``SYNC_FREE_ON_CPU``).
+    off the CPU only, see ``SYNC_FREE_ON_CPU``). ``logits_kernel`` computes the attention-logit statistics with a
+    Triton kernel from q and k while attention runs fused (None: on CUDA after a self-check, see
+    ``use_logits_kernel``); a run whose top-k candidates overflowed the kernel's buffer is redone without it.
     """
     if protocol not in PROTOCOLS:
         raise ValueError(f"unknown protocol {protocol!r}; expected one of {', '.join(PROTOCOLS)}")
@@ -178,14 +233,27 @@ def profile(
     batches = list(batches)
     if not batches:
         raise ValueError("no data to profile: the batch list is empty")
-    prof = _Profiler(model, sites, topk, protocol, exact_median,
-                     use_sync_free(sync_free, _device_of(model), protocol))
+    kernel = use_logits_kernel(logits_kernel, model, sites, protocol)
+    try:
+        return _profile(model, batches, sites, topk, protocol, exact_median, chunk, n_locations, label, progress,
+                        kernel or use_sync_free(sync_free, _device_of(model), protocol), kernel)
+    except CandidateOverflow as err:
+        log.warning("%s; profiling again from the eager logits", err)
+        return _profile(model, batches, sites, topk, protocol, exact_median, chunk, n_locations, label, progress,
+                        use_sync_free(sync_free, _device_of(model), protocol), False)
+
+
+def _profile(model, batches, sites, topk, protocol, exact_median, chunk, n_locations, label, progress,
+             sync_free: bool, kernel: bool) -> OutlierReport:
+    prof = _Profiler(model, sites, topk, protocol, exact_median, sync_free, kernel)
     first, mine = distributed.block(batches)  # data parallel: a contiguous run of windows per rank
     prof.seq_base = sum(int(b.shape[0]) for b in batches[:first])  # windows keep their global index
     progress = progress and distributed.is_main()
 
     def local_pass():
-        with _eager_attention(model, chunk), torch.no_grad(), hooked(model, prof.hook, kinds=sites):
+        eager = not kernel or bool(set(CAUSAL_KINDS) & set(sites) - {ATTN_LOGITS})  # the kernel needs no logits
+        with _eager_attention(model, chunk, eager), torch.no_grad(), hooked(model, prof.hook,
+                                                                             kinds=prof.hook_kinds(sites)):
             for ids in tqdm(mine, desc=f"profile {label or ''}".strip(), disable=not progress, mininterval=2):
                 prof.run_batch(model, ids)
         prof.finish()
@@ -270,11 +338,12 @@ def _exact_pass(model, mine, prof: _Profiler, pooled, chunk, progress: bool) -> 
 class _eager_attention:
     """Switch attention modules to eager (optionally chunked) and restore their settings afterwards."""
 
-    def __init__(self, model: nn.Module, chunk: int | None):
-        self.model, self.chunk = model, chunk
+    def __init__(self, model: nn.Module, chunk: int | None, active: bool = True):
+        self.model, self.chunk, self.active = model, chunk, active
 
     def __enter__(self):
-        self.saved = [(m, m.impl, m.chunk) for m in self.model.modules() if hasattr(m, "impl") and hasattr(m, "chunk")]
+        self.saved = [(m, m.impl, m.chunk) for m in self.model.modules()
+                      if self.active and hasattr(m, "impl") and hasattr(m, "chunk")]
         for m, _, _ in self.saved:
             m.impl, m.chunk = "eager", self.chunk
         return self

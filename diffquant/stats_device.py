@@ -123,8 +123,8 @@ class DeviceTopK:
         real = vals >= 0
         vals, idx, calls = vals[real], idx[real], calls[real]
         out.values, out.calls = vals, calls
-        out.coords = torch.stack([_unravel(i.view(1), self.shapes[c])[0] for i, c in zip(idx, calls.tolist())]) \
-            if vals.numel() else torch.empty(0, out.ndim, dtype=torch.long)
+        coords = [_unravel(i.view(1), self.shapes[c])[0] for i, c in zip(idx, calls.tolist(), strict=True)]
+        out.coords = torch.stack(coords) if coords else torch.empty(0, out.ndim, dtype=torch.long)
         out.tags = torch.tensor([self.tags[c] for c in calls.tolist()], dtype=torch.long)
         return out
 

@@ -33,7 +33,7 @@ _MODES = {torch.float32: ("fp32", 0, 0x7F800000), torch.bfloat16: ("bf16", 1, 0x
 @triton.jit
 def _tile_pass(q_ptr, k_ptr, hist_ptr, sums_ptr, thresh_ptr, cand_val_ptr, cand_idx_ptr, counter_ptr,
                sqb, sqh, sqt, sqd, skb, skh, skt, skd,
-               H, T, S, d, q_offset, n_rep, scale, cap,
+               H, T, S, d, q_offset, n_rep, cap,
                SUB: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                HALF: tl.constexpr, INF_BITS: tl.constexpr, SELECT: tl.constexpr, IEEE: tl.constexpr):
     pid = tl.program_id(0)  # (b, h, map) in row-major order
@@ -43,9 +43,8 @@ def _tile_pass(q_ptr, k_ptr, hist_ptr, sums_ptr, thresh_ptr, cand_val_ptr, cand_
     b = pid // (SUB * H)
     offs_m = pid_m * BM + tl.arange(0, BM)
     offs_d = tl.arange(0, D)
-    q = tl.load(q_ptr + b * sqb + (h * SUB + j) * sqh + offs_m[:, None] * sqt + offs_d[None, :] * sqd,
-                mask=(offs_m[:, None] < T) & (offs_d[None, :] < d), other=0.0)
-    qs = (q.to(tl.float32) * scale).to(q.dtype)  # as eager: q · d^-½ rounded to q's dtype, then the product
+    qs = tl.load(q_ptr + b * sqb + (h * SUB + j) * sqh + offs_m[:, None] * sqt + offs_d[None, :] * sqd,
+                 mask=(offs_m[:, None] < T) & (offs_d[None, :] < d), other=0.0)  # already scaled by d^-½
     kv_row = (h // n_rep) * SUB + j
     if SELECT:
         tb = tl.load(thresh_ptr)
@@ -59,7 +58,7 @@ def _tile_pass(q_ptr, k_ptr, hist_ptr, sums_ptr, thresh_ptr, cand_val_ptr, cand_
             logit = tl.dot(qs, kt, input_precision="ieee")
         else:  # 16-bit data are exact in TF32 (and the interpreter's 16-bit dot is wrong): products as bf16's
             logit = tl.dot(qs.to(tl.float32), kt.to(tl.float32), input_precision="tf32")
-        a = tl.abs(logit.to(q.dtype))
+        a = tl.abs(logit.to(qs.dtype))
         keep = (offs_m[:, None] < T) & (offs_n[None, :] < S) & (offs_n[None, :] <= offs_m[:, None] + q_offset)
         if HALF:
             bits = a.to(tl.int16, bitcast=True).to(tl.int32)
@@ -112,7 +111,9 @@ def logit_stats(q: torch.Tensor, k: torch.Tensor, n_heads: int, sub: int, topk: 
     B, _, T, d = q.shape
     S = k.shape[2]
     n_rep = n_heads // (k.shape[1] // sub)
-    q, k = q.to(out_dtype), k.to(out_dtype)
+    if B * n_heads * sub * T * S > _LOW32:
+        raise ValueError("one call has more than 2**32 logits: split the batch")
+    q, k = (q * d ** -0.5).to(out_dtype), k.to(out_dtype)  # as eager: q · d^-½ in q's dtype, then the product's
     BM, BN = block
     grid = (B * n_heads * sub, triton.cdiv(T, BM))
     nbins = _NBINS[mode] + (0 if half else 1)
@@ -125,7 +126,7 @@ def logit_stats(q: torch.Tensor, k: torch.Tensor, n_heads: int, sub: int, topk: 
     counter = torch.zeros(1, dtype=torch.int32, device=dev)
     args = dict(SUB=sub, D=max(16, triton.next_power_of_2(d)), BM=BM, BN=BN, HALF=half, INF_BITS=inf_bits,
                 IEEE=out_dtype == torch.float32)
-    common = (*q.stride(), *k.stride(), n_heads, T, S, d, q_offset, n_rep, d ** -0.5, cap)
+    common = (*q.stride(), *k.stride(), n_heads, T, S, d, q_offset, n_rep, cap)
     thresh = counter  # unused by the first pass
     _tile_pass[grid](q, k, hist, sums, thresh, vals, idx, counter, *common, SELECT=False, **args)
     thresh = _threshold_bin(hist, mode, inf_bits, topk)
@@ -152,3 +153,40 @@ def _rank(vals: torch.Tensor, idx: torch.Tensor, counter: torch.Tensor, topk: in
     real = top >= 0
     values = torch.where(real, (top >> 32).to(torch.int32).view(torch.float32).double(), -1.0)
     return values, torch.where(real, _LOW32 - (top & _LOW32), 0)
+
+
+_CHECKED: dict[str, bool] = {}
+
+
+def self_check(device: torch.device) -> bool:
+    """Whether the kernel reproduces the host profiler on ``device`` (a small dyadic problem, both Diff maps,
+    grouped-query heads); run once per device kind and remembered. Any failure (no Triton backend, a compiler
+    error, a different answer) means no."""
+    key = str(device)
+    if key not in _CHECKED:
+        _CHECKED[key] = _check(device)
+    return _CHECKED[key]
+
+
+def _check(device: torch.device) -> bool:
+    from ..stats import SiteStats
+    from ..stats_device import DeviceSiteStats
+
+    gen = torch.Generator().manual_seed(0)
+    B, H, K, s, T, d = 2, 4, 2, 2, 80, 16
+    q = (torch.randint(-6, 7, (B, H * s, T, d), generator=gen) * 0.5)
+    k = (torch.randint(-6, 7, (B, K * s, T, d), generator=gen) * 0.5)
+    x = (q.view(B, H, s, T, d) * d ** -0.5) @ k.view(B, K, s, T, d).repeat_interleave(H // K, 1).transpose(-1, -2)
+    want = SiteStats(20)
+    want.update(x, torch.ones(T, T, dtype=torch.bool).tril())
+    try:
+        got = DeviceSiteStats(20)
+        got.absorb_logits(logit_stats(q.to(device), k.to(device), H, s, 20, torch.float32), tag=0)
+        got = got.host()
+    except Exception as err:  # noqa: BLE001  (any failure means: use the fallback)
+        import logging
+
+        logging.getLogger(__name__).warning("logit-statistics kernel unusable on %s: %s", device, err)
+        return False
+    same = got.topk.result() == want.topk.result() and got.hist.state_dict() == want.hist.state_dict()
+    return same and got.moments.count == want.moments.count

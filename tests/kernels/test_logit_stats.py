@@ -10,10 +10,9 @@ import torch
 
 pytest.importorskip("triton")
 
+from diffquant.kernels.logit_stats import logit_stats  # noqa: E402  (interpreted: see conftest)
 from diffquant.stats import SiteStats, _unravel  # noqa: E402
 from diffquant.stats_device import DeviceSiteStats  # noqa: E402
-
-from diffquant.kernels.logit_stats import logit_stats  # noqa: E402  (after the interpreter switch: conftest)
 
 
 def dyadic(shape, gen, dtype):
@@ -80,3 +79,28 @@ def test_a_full_candidate_buffer_is_reported():
     assert bool(summary.overflow)
     assert _unravel(summary.index[:1], summary.shape).tolist() == [[0, 0, 0, 0, 0]]
     del gen
+
+
+def test_profile_with_the_kernel_matches_the_eager_profile(arch):
+    """End to end on a tiny model (real, non-dyadic weights: the kernel's sums may differ from torch's matmul in
+    the last bit, so values compare to 1e-6; counts are exact). With the kernel the model runs sdpa, so the hidden
+    states are sdpa's, equal to eager's up to rounding."""
+    from diffquant import build_model
+    from diffquant.profile import profile, token_batches
+
+    from ..conftest import tiny_config
+    from ..helpers import randomize_
+
+    model = randomize_(build_model(tiny_config(arch, n_kv_heads=2))).eval()
+    model.set_attn_impl("sdpa")
+    data = token_batches(torch.randint(0, 101, (2 * 20,)), 20, 2)
+    got = profile(model, data, topk=30, logits_kernel=True, progress=False).data
+    want = profile(model, data, topk=30, logits_kernel=False, sync_free=False, progress=False).data
+    assert all(block.attn.impl == "sdpa" for block in model.layers)
+    g, w = got["sites"]["attn_logits"], want["sites"]["attn_logits"]
+    assert g["count"] == w["count"] and g["calls"] == w["calls"] and g["nan"] == w["nan"] == 0
+    assert g["top"] == pytest.approx(w["top"], rel=1e-6)
+    assert g["median"] == pytest.approx(w["median"], rel=2 ** -10)
+    assert g["locations"][0] == pytest.approx(w["locations"][0], rel=1e-6)
+    gh, wh = got["sites"]["hidden"], want["sites"]["hidden"]
+    assert gh["top"] == pytest.approx(wh["top"], rel=1e-5) and gh["count"] == wh["count"]

@@ -7,11 +7,9 @@ import torch
 
 from diffquant.profile import profile
 
-profile_module = importlib.import_module("diffquant.profile")  # dq.profile is the function
-
 from ..test_profile import (  # noqa: F401  (pytest collects the imported tests and fixture here)
     batches,
-    model,
+    model,  # noqa: F811
     test_bad_arguments,
     test_chunked_profile_equals_unchunked,
     test_global_topk_and_median_equal_torch_over_everything,
@@ -23,6 +21,7 @@ from ..test_profile import (  # noqa: F401  (pytest collects the imported tests 
     test_top_locations_point_at_the_values,
 )
 
+profile_module = importlib.import_module("diffquant.profile")  # dq.profile is the function
 SYNC_CALLS = ("item", "cpu", "tolist", "__float__", "__int__", "__bool__", "numpy")
 
 
@@ -39,7 +38,7 @@ def without_means(data):
     return data
 
 
-def test_sync_free_report_equals_the_host_report(model):
+def test_sync_free_report_equals_the_host_report(model):  # noqa: F811
     data = batches(T=20)
     a = profile(model, data, topk=40, chunk=6, sync_free=True, progress=False).data
     b = profile(model, data, topk=40, chunk=6, sync_free=False, progress=False).data
@@ -48,7 +47,7 @@ def test_sync_free_report_equals_the_host_report(model):
         assert a["sites"][kind]["mean_abs"] == pytest.approx(b["sites"][kind]["mean_abs"], rel=1e-6)
 
 
-def test_probe_calls_never_sync_after_the_first_batch(model, monkeypatch):
+def test_probe_calls_never_sync_after_the_first_batch(model, monkeypatch):  # noqa: F811
     """Every sync entry point is counted inside the probe hooks; the first batch may find the mask positions."""
     data = batches()
     hits, batch = [], [0]
