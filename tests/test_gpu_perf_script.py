@@ -21,8 +21,8 @@ def finite_positive(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
 
 
-def test_dry_run_writes_the_three_measurements(script, tmp_path):
-    summary = script.main(["--dry-run", "--out", str(tmp_path)])
+def test_dry_run_writes_the_measurements(script, tmp_path):
+    summary = script.main(["--dry-run", "--out", str(tmp_path), "--trace", str(tmp_path / "trace")])
     data = json.loads((tmp_path / "perf_gpu.json").read_text())
     assert data["device"] == "cpu" and data["dry_run"] and data["skipped_by_time_guard"] == []
     assert data["times_s"] == pytest.approx(summary["times_s"])
@@ -38,6 +38,17 @@ def test_dry_run_writes_the_three_measurements(script, tmp_path):
     (prof,) = data["profiling"]
     assert set(prof["ratio_to_eager"]) >= {"hidden", "hidden_logits"}
     assert all(finite_positive(v) for v in [*prof["ratio_to_eager"].values(), *prof["tokens_per_s"].values()])
+    assert {"hidden_syncfree", "hidden_logits_syncfree"} <= set(prof["ratio_to_sdpa"])
+    assert data["logits_kernel"]["available"] is False and "hidden_logits_kernel" not in prof["seconds"]
+
+    (train,) = data["training"]
+    assert train["preset"] == "tiny" and finite_positive(train["ratio_diff_over_transformer"])
+
+    traces = data["traces"]
+    assert {"forward_sdpa_diff", "forward_sdpa_transformer", "profile_hidden_logits_syncfree"} <= set(traces)
+    for name, counts in traces.items():
+        assert counts["events"] > 0 and counts["device_kernels"] == 0  # the CPU: no device kernels
+        assert json.loads((tmp_path / "trace" / f"{name}.json").read_text())["traceEvents"]
 
     gptq = data["gptq"]
     assert finite_positive(gptq["fp32_ppl"]) and finite_positive(gptq["bf16_ppl"])
@@ -47,6 +58,7 @@ def test_dry_run_writes_the_three_measurements(script, tmp_path):
 
     md = (tmp_path / "perf_gpu.md").read_text()
     assert "Diff ÷ Transformer" in md and "hidden + logits" in md and "gptq-full" in md
+    assert "Training-step throughput" in md and "hidden_logits_syncfree" in md
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the message is for machines without CUDA")

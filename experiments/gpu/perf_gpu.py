@@ -14,7 +14,15 @@ skipped is listed in the outputs.
    ``torch.cuda.synchronize()`` calls; medians, tokens/s.
 2. **Profiling overhead**: ``diffquant.profile(model, batches, sites=("hidden", "attn_logits"))`` and hidden-only
    ÷ a plain eager forward over the same batches (Diff, bf16 autocast, alternating repeats, medians), plus an sdpa
-   forward for reference and the profiling throughput in tokens/s, for ``small`` and ``base``.
+   forward for reference and the profiling throughput in tokens/s, for ``small`` and ``base``; each profile in
+   its variants: host statistics (``sync_free=False``), sync-free statistics (``sync_free=True``) and, where the
+   Triton kernel passes its self-check on the device, hidden + logits from the kernel with sdpa attention
+   (``logits_kernel=True``; its goal is ≤ 1.5× the sdpa forward).
+4. **Training-step throughput**, presets ``xs``, ``s`` and ``small``: forward, cross-entropy, backward and an
+   AdamW step under bf16 autocast with sdpa attention; tokens/s and Diff ÷ Transformer.
+
+``--trace DIR`` also records torch-profiler traces (Chrome JSON) and per-kernel tables of one Diff and one
+Transformer sdpa forward and of each profiling variant (small preset; the dry run: tiny), to count kernels.
 3. **GPTQ 4-bit per channel on stories260K** on the GPU: perplexity before / after (fp32 and bf16 autocast) and
    the wall time of ``quantize_model``; windows as experiments/bench_gptq.py draws them (eval: the first 64 ×
    256 tokens of the cased TinyStories sample; calibration: 128 × 256 tokens of the train split, seed 0), RTN
@@ -62,6 +70,7 @@ class Plan:
     profile_tokens: dict  # profiling preset -> tokens (windows of the preset's max_seq_len)
     profile_batch: int
     profile_repeats: int
+    train_shapes: dict  # training-step preset -> (batch, seq_len)
     gptq_rows: tuple[str, ...]  # rows of bench_gptq.ROWS
     calib: tuple[int, int]  # windows, seq_len (cut from bench_gptq's 128 x 256)
     eval: tuple[int, int]  # windows, seq_len (cut from bench_gptq's 64 x 256)
@@ -69,9 +78,11 @@ class Plan:
 
 FULL = Plan(device="cuda", time_limit_s=240, shapes={"small": (64, 256), "base": (8, 1024)}, impls=("sdpa", "flash"),
             warmup=3, repeats=10, inner=5, profile_tokens={"small": 16384, "base": 65536}, profile_batch=8,
-            profile_repeats=3, gptq_rows=("rtn", "gptq-full"), calib=(128, 256), eval=(64, 256))
+            profile_repeats=3, train_shapes={"xs": (128, 512), "s": (64, 512), "small": (64, 256)},
+            gptq_rows=("rtn", "gptq-full"), calib=(128, 256), eval=(64, 256))
 DRY = Plan(device="cpu", time_limit_s=120, shapes={"tiny": (2, 64)}, impls=("sdpa", "flash"), warmup=1, repeats=2,
-           inner=1, profile_tokens={"tiny": 256}, profile_batch=2, profile_repeats=1, gptq_rows=("rtn", "gptq-full"),
+           inner=1, profile_tokens={"tiny": 256}, profile_batch=2, profile_repeats=1, train_shapes={"tiny": (2, 32)},
+           gptq_rows=("rtn", "gptq-full"),
            calib=(4, 64), eval=(2, 64))
 
 
@@ -143,13 +154,34 @@ def forwards(model, impl: str, batches: list[torch.Tensor], device: torch.device
     return run
 
 
-def profiling_run(model, batches: list[torch.Tensor], sites: tuple[str, ...], device: torch.device):
-    """A function profiling ``sites`` over the batches under bf16 autocast (profile itself runs eager attention)."""
+PROFILE_VARIANTS = {  # name -> (sites, profile keyword arguments)
+    "hidden": (("hidden",), {"sync_free": False}),
+    "hidden_syncfree": (("hidden",), {"sync_free": True}),
+    "hidden_logits": (("hidden", "attn_logits"), {"sync_free": False, "logits_kernel": False}),
+    "hidden_logits_syncfree": (("hidden", "attn_logits"), {"sync_free": True, "logits_kernel": False}),
+    "hidden_logits_kernel": (("hidden", "attn_logits"), {"logits_kernel": True}),
+}
+
+
+def profiling_run(model, batches: list[torch.Tensor], sites: tuple[str, ...], device: torch.device, **options):
+    """A function profiling ``sites`` over the batches under bf16 autocast: eager attention, except with the logits
+    kernel, which reads q and k while attention runs sdpa."""
     def run():
-        model.set_attn_impl("eager")
+        model.set_attn_impl("sdpa" if options.get("logits_kernel") else "eager")
         with autocast(device):
-            profile(model, batches, sites=sites, progress=False)
+            profile(model, batches, sites=sites, progress=False, **options)
     return run
+
+
+def kernel_status(device: torch.device) -> dict:
+    """Whether the Triton logit-statistics kernel runs here (CUDA, Triton, self-check passed)."""
+    from diffquant.kernels import available
+
+    if device.type != "cuda" or not available():
+        return {"available": False, "reason": "needs CUDA and triton"}
+    from diffquant.kernels.logit_stats import self_check
+
+    return {"available": self_check(device)} | ({} if self_check(device) else {"reason": "self-check failed"})
 
 
 # -- 1. throughput ------------------------------------------------------------------------------------------------
@@ -185,7 +217,7 @@ def throughput(plan: Plan, device: torch.device, guard: Guard, flash: dict) -> t
 
 # -- 2. profiling overhead ----------------------------------------------------------------------------------------
 
-def profiling(plan: Plan, device: torch.device, guard: Guard) -> list[dict]:
+def profiling(plan: Plan, device: torch.device, guard: Guard, kernel: dict) -> list[dict]:
     rows = []
     for preset, tokens in plan.profile_tokens.items():
         if not guard.ok(f"profiling {preset}"):
@@ -198,20 +230,89 @@ def profiling(plan: Plan, device: torch.device, guard: Guard) -> list[dict]:
         n_tokens = sum(b.numel() for b in batches)
 
         fns = {"plain_eager": forwards(model, "eager", batches, device),
-               "plain_sdpa": forwards(model, "sdpa", batches, device),
-               "hidden": profiling_run(model, batches, ("hidden",), device),
-               "hidden_logits": profiling_run(model, batches, ("hidden", "attn_logits"), device)}
+               "plain_sdpa": forwards(model, "sdpa", batches, device)}
+        for name, (sites, options) in PROFILE_VARIANTS.items():
+            if name.endswith("_kernel") and not kernel["available"]:
+                continue
+            fns[name] = profiling_run(model, batches, sites, device, **options)
         times = alternate(fns, device, 1, plan.profile_repeats, guard)
         med = {k: statistics.median(v) for k, v in times.items()}
         rows.append({"preset": preset, "arch": "diff", "tokens": n_tokens, "batch": plan.profile_batch,
                      "seq_len": seq_len, "repeats": len(times["hidden"]), "seconds": med,
-                     "ratio_to_eager": {k: med[k] / med["plain_eager"] for k in ("hidden", "hidden_logits",
-                                                                                  "plain_sdpa")},
+                     "ratio_to_eager": {k: med[k] / med["plain_eager"] for k in med if k != "plain_eager"},
+                     "ratio_to_sdpa": {k: med[k] / med["plain_sdpa"] for k in med if k != "plain_sdpa"},
                      "tokens_per_s": {k: n_tokens / v for k, v in med.items()}})
         del model
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return rows
+
+
+# -- 4. training steps -------------------------------------------------------------------------------------------
+
+def training_step(model, opt, ids: torch.Tensor, device: torch.device):
+    """One optimizer step as train.py takes it: bf16 autocast forward, float32 cross-entropy, backward, AdamW."""
+    def run():
+        with autocast(device):
+            logits = model(ids[:, :-1])
+        loss = F.cross_entropy(logits.float().flatten(0, 1), ids[:, 1:].flatten())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return run
+
+
+def training(plan: Plan, device: torch.device, guard: Guard) -> list[dict]:
+    rows = []
+    for preset, (batch, seq_len) in plan.train_shapes.items():
+        if not guard.ok(f"training {preset}"):
+            continue
+        models = {a: build_model(ModelConfig.preset(preset, arch=a, attn_impl="sdpa"), seed=0).to(device).train()
+                  for a in ARCHS}
+        ids = torch.randint(0, models["diff"].config.vocab_size, (batch, seq_len + 1), device=device)
+        fns = {a: training_step(m, torch.optim.AdamW(m.parameters(), lr=1e-4), ids, device) for a, m in models.items()}
+        times = alternate(fns, device, plan.warmup, plan.repeats, guard)
+        tok_s = {a: batch * seq_len / statistics.median(t) for a, t in times.items()}
+        rows.append({"preset": preset, "batch": batch, "seq_len": seq_len, "repeats": len(times["diff"]),
+                     "tokens_per_s": tok_s, "ratio_diff_over_transformer": tok_s["diff"] / tok_s["transformer"]})
+        del models, fns
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return rows
+
+
+# -- traces -------------------------------------------------------------------------------------------------------
+
+def traces(plan: Plan, device: torch.device, folder: Path, kernel: dict) -> dict:
+    """torch-profiler traces of one sdpa forward per arch and of each profiling variant: Chrome JSON plus a table
+    of the kernels (or CPU ops) with their call counts, to see where the time and the launches go."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    folder.mkdir(parents=True, exist_ok=True)
+    preset = "tiny" if plan.device == "cpu" else "small"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    models = {a: build_model(ModelConfig.preset(preset, arch=a), seed=0).to(device).eval() for a in ARCHS}
+    ids = torch.randint(0, models["diff"].config.vocab_size, (plan.profile_batch, models["diff"].config.max_seq_len),
+                        device=device)
+    runs = {f"forward_sdpa_{a}": forwards(m, "sdpa", [ids], device) for a, m in models.items()}
+    for name, (sites, options) in PROFILE_VARIANTS.items():
+        if not name.endswith("_kernel") or kernel["available"]:
+            runs[f"profile_{name}"] = profiling_run(models["diff"], [ids], sites, device, **options)
+    counts = {}
+    for name, fn in runs.items():
+        fn()  # warm-up (and the kernel's compilation)
+        sync(device)
+        with torch_profile(activities=activities) as prof:
+            fn()
+            sync(device)
+        prof.export_chrome_trace(str(folder / f"{name}.json"))
+        sort = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
+        (folder / f"{name}.txt").write_text(prof.key_averages().table(sort_by=sort, row_limit=40))
+        events = prof.key_averages()
+        counts[name] = {"events": sum(e.count for e in events),
+                        "device_kernels": sum(e.count for e in events if e.device_type.name == "CUDA")}
+    return counts
 
 
 # -- 3. GPTQ on stories260K ---------------------------------------------------------------------------------------
@@ -274,6 +375,24 @@ def markdown(summary: dict) -> str:
         q, t = r["ratio_to_eager"], r["tokens_per_s"]
         lines.append(f"| {r['preset']} | {r['tokens']:,} | {t['plain_eager']:,.0f} | {q['hidden']:.2f} | "
                      f"**{q['hidden_logits']:.2f}** | {q['plain_sdpa']:.2f} | {t['hidden_logits']:,.0f} |")
+    lines += ["", "### Profiling variants (host statistics, sync-free statistics, Triton logit kernel)", "",
+              f"Triton kernel: {summary['logits_kernel']}", "",
+              "| preset | variant | ÷ eager forward | ÷ sdpa forward | tok/s |", "|---|---|---|---|---|"]
+    for r in summary["profiling"]:
+        for name in PROFILE_VARIANTS:
+            if name in r["seconds"]:
+                lines.append(f"| {r['preset']} | {name} | **{r['ratio_to_eager'][name]:.2f}** | "
+                             f"{r['ratio_to_sdpa'][name]:.2f} | {r['tokens_per_s'][name]:,.0f} |")
+    lines += ["", "## Training-step throughput (bf16 autocast, sdpa, AdamW)", "",
+              "| preset | batch × seq | Transformer tok/s | Diff tok/s | Diff ÷ Transformer |", "|---|---|---|---|---|"]
+    for r in summary["training"]:
+        t = r["tokens_per_s"]
+        lines.append(f"| {r['preset']} | {r['batch']} × {r['seq_len']} | {t['transformer']:,.0f} | {t['diff']:,.0f} "
+                     f"| **{r['ratio_diff_over_transformer']:.3f}** |")
+    if summary.get("traces"):
+        lines += ["", "## Traces (events / device kernels per run)", ""]
+        lines += [f"* {k}: {v['events']} events, {v['device_kernels']} device kernels"
+                  for k, v in summary["traces"].items()]
     g = summary["gptq"]
     lines += ["", "## 4-bit per channel on stories260K", ""]
     if g is None:
@@ -294,6 +413,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", required=True, help="folder for perf_gpu.json and perf_gpu.md")
     parser.add_argument("--dry-run", action="store_true", help="toy sizes on the CPU (what CI runs)")
     parser.add_argument("--time-limit", type=float, default=None, help="seconds (default: 240, dry run 120)")
+    parser.add_argument("--trace", default=None, help="folder for torch-profiler traces and kernel tables")
     args = parser.parse_args(argv)
     plan = DRY if args.dry_run else FULL
     if args.time_limit is not None:
@@ -308,10 +428,14 @@ def main(argv: list[str] | None = None) -> dict:
     start = time.perf_counter()
     tp, tp_skipped = throughput(plan, device, guard, flash)
     times["throughput"] = time.perf_counter() - start
-    prof = profiling(plan, device, guard)
-    times["profiling"] = time.perf_counter() - start - times["throughput"]
+    kernel = kernel_status(device)
+    prof = profiling(plan, device, guard, kernel)
+    times["profiling"] = time.perf_counter() - start - sum(times.values())
+    train = training(plan, device, guard)
+    times["training"] = time.perf_counter() - start - sum(times.values())
     gq = gptq(plan, device, guard)
-    times["gptq"] = time.perf_counter() - start - times["throughput"] - times["profiling"]
+    times["gptq"] = time.perf_counter() - start - sum(times.values())
+    traced = traces(plan, device, Path(args.trace), kernel) if args.trace and guard.ok("traces") else None
     times["total"] = guard.elapsed()
     summary = {
         "benchmark": "issue 16 on the GPU: Diff/Transformer throughput, profiling overhead, GPTQ on stories260K",
@@ -319,7 +443,8 @@ def main(argv: list[str] | None = None) -> dict:
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "torch": torch.__version__, "cuda": torch.version.cuda, "flash_attn": flash, "dtype": "bf16 autocast",
         "plan": {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(plan).items()},
-        "throughput": tp, "throughput_skipped": tp_skipped, "profiling": prof, "gptq": gq,
+        "throughput": tp, "throughput_skipped": tp_skipped, "profiling": prof, "logits_kernel": kernel,
+        "training": train, "gptq": gq, "traces": traced,
         "skipped_by_time_guard": guard.skipped, "times_s": times,
     }
     out = Path(args.out)
