@@ -211,13 +211,18 @@ class Attention(nn.Module):
 
     # -- sdpa / flash: fused kernels that never materialise the logits ----------------------------------
     def _fused(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offset: int) -> torch.Tensor:
-        """Both maps in one kernel call: the s maps become s·H query heads in map-major order, so grouped-query
-        attention pairs each with its own map's kv head; sdpa pads q/k to the value width, flash splits the value."""
+        """Both maps in one kernel call: the s maps become s·H query heads (head-major without grouped queries, which
+        copies neither q nor k; map-major with them, so grouped-query attention pairs each with its own map's kv
+        head); sdpa pads q/k to the value width, flash splits the value."""
         B, H, s, T, d = q.shape
         K, S = k.shape[1], k.shape[3]
-        qf = q.transpose(1, 2).reshape(B, s * H, T, d)  # (B, s·H, T, d), head j·H + h
-        kf = k.transpose(1, 2).reshape(B, s * K, S, d)  # (B, s·K, S, d), head j·K + g
-        vf = v.unsqueeze(1).expand(B, s, K, S, s * d).reshape(B, s * K, S, s * d)  # each map reads the same value
+        if self.n_rep == 1:  # head-major (head h·s + j) is the projections' own layout: q and k are not copied
+            qf, kf = q.reshape(B, H * s, T, d), k.reshape(B, K * s, S, d)  # (B, H·s, T, d), (B, K·s, S, d): views
+            vf = v if s == 1 else v.repeat_interleave(s, dim=1)  # (B, K·s, S, s·d): both maps read their head's value
+        else:  # grouped queries pair query head i with kv head i // n_rep: map-major keeps each map with its keys
+            qf = q.transpose(1, 2).reshape(B, s * H, T, d)  # (B, s·H, T, d), head j·H + h
+            kf = k.transpose(1, 2).reshape(B, s * K, S, d)  # (B, s·K, S, d), head j·K + g
+            vf = v.unsqueeze(1).expand(B, s, K, S, s * d).reshape(B, s * K, S, s * d)  # each map reads the same value
         scale = self.head_dim ** -0.5
         if self.impl == "sdpa":
             out = _sdpa(qf, kf, vf, scale, q_offset)  # (B, s·H, T, s·d)
@@ -225,8 +230,8 @@ class Attention(nn.Module):
             out = _split_value(_flash, qf, kf, vf, scale, q_offset)
         if not self.is_diff:
             return out
-        out = out.view(B, s, H, T, s * d)
-        return out[:, 0] - self.lambda_full().to(out.dtype) * out[:, 1]  # (B, H, T, 2d)
+        maps = out.view(B, H, s, T, s * d).unbind(2) if self.n_rep == 1 else out.view(B, s, H, T, s * d).unbind(1)
+        return maps[0] - self.lambda_full().to(out.dtype) * maps[1]  # (B, H, T, 2d)
 
 
 def _split_value(attend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
