@@ -2,6 +2,7 @@
 
     python experiments/bench_profile.py [--preset small] [--tokens 16384] [--memory-tokens 10000 1000000]
                                         [--parts time,memory,long] [--threads N] [--baseline-stats FILE]
+                                        [--variants b_hidden,c_hidden_logits,...]
 
 Part 1, time (same model, same batches, alternating repeats; ratios to (a)):
   (a) plain eager forward, (b) profiling hidden states only, (c) hidden states + attention logits,
@@ -76,7 +77,8 @@ def load_site_stats(path: str):
     return module.SiteStats
 
 
-def time_part(preset: str, tokens: int, repeats: int, baseline: str | None = None) -> dict:
+def time_part(preset: str, tokens: int, repeats: int, baseline: str | None = None,
+              only: list[str] | None = None) -> dict:
     cfg = ModelConfig.preset(preset, arch="diff", attn_impl="eager")
     model = build_model(cfg, seed=0).eval()
     batches = token_batches(torch.randint(0, cfg.vocab_size, (tokens,)), cfg.max_seq_len, 8)
@@ -100,6 +102,8 @@ def time_part(preset: str, tokens: int, repeats: int, baseline: str | None = Non
         old = load_site_stats(baseline)
         variants["b_hidden_baseline"] = with_stats(old, variants["b_hidden"])
         variants["c_hidden_logits_baseline"] = with_stats(old, variants["c_hidden_logits"])
+    if only:  # a_plain stays: every ratio is to it
+        variants = {k: v for k, v in variants.items() if k == "a_plain" or k in only}
     times = {k: [] for k in variants}
     for fn in variants.values():
         fn()  # warm-up
@@ -154,6 +158,8 @@ def main() -> None:
     parser.add_argument("--parts", default="time,memory,long", help="which parts to run (comma-separated)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--baseline-stats", default=None, help="a stats.py whose SiteStats to time beside ours")
+    parser.add_argument("--variants", default=None, help="time only these (comma-separated, e.g. "
+                        "c_hidden_logits,c_hidden_logits_syncfree); the plain forward always runs")
     parser.add_argument("--memory-child", nargs=2, metavar=("KIND", "TOKENS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.memory_child:
@@ -168,7 +174,8 @@ def main() -> None:
         for name, mib in m.items():
             print(f"peak memory {name:22s} {mib:8.0f} MiB")
     if "time" in parts:
-        record["time"] = t = time_part(args.preset, args.tokens, args.repeats, args.baseline_stats)
+        record["time"] = t = time_part(args.preset, args.tokens, args.repeats, args.baseline_stats,
+                                       args.variants.split(",") if args.variants else None)
         for name, ratio in t["ratio_to_plain"].items():
             print(f"time {name:16s} {t['seconds'][name]:7.2f} s   x{ratio:5.2f} of plain")
     if "long" in parts:
