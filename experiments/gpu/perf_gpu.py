@@ -21,6 +21,10 @@ skipped is listed in the outputs.
 4. **Training-step throughput**, presets ``xs``, ``s`` and ``small``: forward, cross-entropy, backward and an
    AdamW step under bf16 autocast with sdpa attention; tokens/s and Diff ÷ Transformer.
 
+5. **Attention alone** (``small`` and ``base`` shapes, bf16, no grad): the Transformer's sdpa call, Diff's sdpa
+   path as the model runs it (padded q / k, value per map, λ combination, head norm) and the fused Triton Diff
+   forward (``diffquant.kernels.diff_attention``; where Triton runs), as time ratios to the Transformer's.
+
 ``--trace DIR`` also records torch-profiler traces (Chrome JSON) and per-kernel tables of one Diff and one
 Transformer sdpa forward and of each profiling variant (small preset; the dry run: tiny), to count kernels.
 3. **GPTQ 4-bit per channel on stories260K** on the GPU: perplexity before / after (fp32 and bf16 autocast) and
@@ -281,6 +285,56 @@ def training(plan: Plan, device: torch.device, guard: Guard) -> list[dict]:
     return rows
 
 
+# -- 5. attention alone -------------------------------------------------------------------------------------------
+
+def attention_fns(preset: str, B: int, T: int, device: torch.device, fused: bool) -> dict:
+    """Closures running one attention layer's core: the Transformer's sdpa call, Diff's sdpa path as the model runs
+    it, and (``fused``) the Triton Diff forward; bf16 inputs."""
+    cfg = ModelConfig.preset(preset, arch="diff")
+    attn = build_model(cfg, seed=0).layers[0].attn.to(device).eval()
+    H, K, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    gen = torch.Generator(device=device).manual_seed(0)
+    q, k, qt, kt, vt = (torch.randn(B, 2 * n, T, d, generator=gen, device=device, dtype=torch.bfloat16)
+                        for n in (H, K, H, K, K))
+    v = torch.randn(B, K, T, 2 * d, generator=gen, device=device, dtype=torch.bfloat16)
+
+    def transformer():
+        F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=H != K)
+
+    def diff_sdpa():
+        attn.impl = "sdpa"
+        with autocast(device):
+            out = attn._fused(q.view(B, H, 2, T, d), k.view(B, K, 2, T, d), v, 0)
+            attn.subln(out) * (1 - attn.lambda_init)
+
+    fns = {"transformer_sdpa": transformer, "diff_sdpa": diff_sdpa}
+    if fused:
+        from diffquant.kernels.diff_attention import diff_attention_forward
+
+        fns["diff_fused_kernel"] = lambda: diff_attention_forward(q, k, v, attn.lambda_full(), attn.subln.weight,
+                                                                  attn.lambda_init)
+    return fns
+
+
+def attention_rows(plan: Plan, device: torch.device, guard: Guard) -> list[dict]:
+    """Time one attention layer's core per arch and path on the throughput shapes (no grad)."""
+    rows = []
+    from diffquant.kernels import available
+
+    fused = device.type == "cuda" and available()
+    for preset, (batch, seq_len) in plan.shapes.items():
+        if not guard.ok(f"attention {preset}"):
+            continue
+        with torch.no_grad():
+            times = alternate(attention_fns(preset, batch, seq_len, device, fused), device, plan.warmup,
+                              plan.repeats, guard)
+        med = {name: statistics.median(t) for name, t in times.items()}
+        rows.append({"preset": preset, "batch": batch, "seq_len": seq_len, "seconds": med,
+                     "time_over_transformer": {n: t / med["transformer_sdpa"] for n, t in med.items()},
+                     "fused_kernel": "timed" if fused else "skipped: needs CUDA and triton"})
+    return rows
+
+
 # -- traces -------------------------------------------------------------------------------------------------------
 
 def traces(plan: Plan, device: torch.device, folder: Path, kernel: dict) -> dict:
@@ -389,6 +443,12 @@ def markdown(summary: dict) -> str:
         t = r["tokens_per_s"]
         lines.append(f"| {r['preset']} | {r['batch']} × {r['seq_len']} | {t['transformer']:,.0f} | {t['diff']:,.0f} "
                      f"| **{r['ratio_diff_over_transformer']:.3f}** |")
+    lines += ["", "## Attention alone (bf16, no grad; time ÷ the Transformer's sdpa call)", "",
+              "| preset | batch × seq | Diff sdpa path | Diff fused Triton kernel |", "|---|---|---|---|"]
+    for r in summary["attention"]:
+        q = r["time_over_transformer"]
+        fused = f"{q['diff_fused_kernel']:.2f}" if "diff_fused_kernel" in q else r["fused_kernel"]
+        lines.append(f"| {r['preset']} | {r['batch']} × {r['seq_len']} | {q['diff_sdpa']:.2f} | {fused} |")
     if summary.get("traces"):
         lines += ["", "## Traces (events / device kernels per run)", ""]
         lines += [f"* {k}: {v['events']} events, {v['device_kernels']} device kernels"
@@ -433,6 +493,8 @@ def main(argv: list[str] | None = None) -> dict:
     times["profiling"] = time.perf_counter() - start - sum(times.values())
     train = training(plan, device, guard)
     times["training"] = time.perf_counter() - start - sum(times.values())
+    attention = attention_rows(plan, device, guard)
+    times["attention"] = time.perf_counter() - start - sum(times.values())
     gq = gptq(plan, device, guard)
     times["gptq"] = time.perf_counter() - start - sum(times.values())
     traced = traces(plan, device, Path(args.trace), kernel) if args.trace and guard.ok("traces") else None
@@ -444,7 +506,7 @@ def main(argv: list[str] | None = None) -> dict:
         "torch": torch.__version__, "cuda": torch.version.cuda, "flash_attn": flash, "dtype": "bf16 autocast",
         "plan": {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(plan).items()},
         "throughput": tp, "throughput_skipped": tp_skipped, "profiling": prof, "logits_kernel": kernel,
-        "training": train, "gptq": gq, "traces": traced,
+        "training": train, "attention": attention, "gptq": gq, "traces": traced,
         "skipped_by_time_guard": guard.skipped, "times_s": times,
     }
     out = Path(args.out)
