@@ -11,6 +11,7 @@ from diffquant.kernels.diff_attention import diff_attention_forward  # noqa: E40
 from diffquant.model import apply_rope, rope_cos_sin  # noqa: E402
 
 from ..conftest import tiny_config  # noqa: E402
+from .conftest import DEVICE  # noqa: E402
 
 
 def reference(q, k, v, lam, w, lambda_init, eps=1e-5):
@@ -39,7 +40,7 @@ def test_fused_forward_equals_the_float64_formula(H, K, T, d):
     q, k = torch.randn(2, 2 * H, T, d, generator=gen), torch.randn(2, 2 * K, T, d, generator=gen)
     v = torch.randn(2, K, T, 2 * d, generator=gen)
     lam, w = torch.tensor(0.37), 1 + 0.1 * torch.randn(2 * d, generator=gen)
-    got = diff_attention_forward(q, k, v, lam, w, 0.2, block=(16, 16))
+    got = diff_attention_forward(*(t.to(DEVICE) for t in (q, k, v, lam, w)), 0.2, block=(16, 16)).cpu()
     want = reference(q, k, v, lam, w, 0.2)
     assert got.shape == (2, H, T, 2 * d)
     assert torch.allclose(got.double(), want, rtol=1e-4, atol=1e-5)
@@ -57,7 +58,8 @@ def test_fused_forward_reproduces_the_model_attention():
         q = apply_rope(attn.q_proj(x).view(B, T, -1, d).transpose(1, 2), cos, sin)
         k = apply_rope(attn.k_proj(x).view(B, T, -1, d).transpose(1, 2), cos, sin)
         v = attn.v_proj(x).view(B, T, attn.n_kv, 2 * d).transpose(1, 2)
-        out = diff_attention_forward(q, k, v, attn.lambda_full(), attn.subln.weight, attn.lambda_init, block=(16, 16))
+        out = diff_attention_forward(*(t.to(DEVICE) for t in (q, k, v, attn.lambda_full(), attn.subln.weight)),
+                                     attn.lambda_init, block=(16, 16)).cpu()
         got = attn.out_proj(out.transpose(1, 2).reshape(B, T, -1))
     assert torch.allclose(got, want, rtol=1e-4, atol=1e-5)
 

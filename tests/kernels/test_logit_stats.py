@@ -14,6 +14,8 @@ from diffquant.kernels.logit_stats import logit_stats  # noqa: E402  (interprete
 from diffquant.stats import SiteStats, _unravel  # noqa: E402
 from diffquant.stats_device import DeviceSiteStats  # noqa: E402
 
+from .conftest import DEVICE  # noqa: E402
+
 
 def dyadic(shape, gen, dtype):
     return (torch.randint(-6, 7, shape, generator=gen) * 0.5).to(dtype)
@@ -39,15 +41,15 @@ def run_both(seed, B, n_heads, n_kv, sub, T, d, topk, dtype, block=(16, 16)):
     ref = SiteStats(topk)
     x = eager_logits(q, k, n_heads, sub)
     ref.update(x, causal(T, T), tag=3)
-    summary = logit_stats(q, k, n_heads, sub, topk, dtype, block=block)
+    summary = logit_stats(q.to(DEVICE), k.to(DEVICE), n_heads, sub, topk, dtype, block=block)
     assert summary.shape == tuple(x.shape)
     got = DeviceSiteStats(topk)
     got.absorb_logits(summary, tag=3)
     return got.host(), ref, summary, x
 
 
-@pytest.mark.parametrize("sub,n_kv,d,T", [(2, 2, 4, 20), (1, 2, 16, 19), (2, 1, 16, 33)])
-@pytest.mark.parametrize("topk", [1, 25, 5000])
+@pytest.mark.parametrize("sub,n_kv,d,T,topk", [(2, 2, 4, 20, 25), (1, 2, 16, 19, 1), (2, 1, 16, 33, 5000),
+                                                (2, 2, 16, 17, 7)])
 def test_kernel_equals_the_host_profiler(sub, n_kv, d, T, topk):
     host, ref, summary, x = run_both(sub * 100 + T, 2, 4, n_kv, sub, T, d, topk, torch.float32)
     got, want = host.result(), ref.result()
@@ -75,9 +77,10 @@ def test_top_coordinates_point_at_the_logits():
 def test_a_full_candidate_buffer_is_reported():
     gen = torch.Generator().manual_seed(0)
     q = torch.ones(1, 4, 16, 4)  # every logit ties: the threshold bin holds all of them
-    summary = logit_stats(q, torch.ones(1, 4, 16, 4), 2, 2, 5, torch.float32, block=(16, 16), capacity=8)
+    ones = torch.ones(1, 4, 16, 4, device=DEVICE)
+    summary = logit_stats(q.to(DEVICE), ones, 2, 2, 5, torch.float32, block=(16, 16), capacity=8)
     assert bool(summary.overflow)
-    assert _unravel(summary.index[:1], summary.shape).tolist() == [[0, 0, 0, 0, 0]]
+    assert _unravel(summary.index[:1].cpu(), summary.shape).tolist() == [[0, 0, 0, 0, 0]]
     del gen
 
 
@@ -91,7 +94,7 @@ def test_profile_with_the_kernel_matches_the_eager_profile(arch):
     from ..conftest import tiny_config
     from ..helpers import randomize_
 
-    model = randomize_(build_model(tiny_config(arch, n_kv_heads=2))).eval()
+    model = randomize_(build_model(tiny_config(arch, n_kv_heads=2))).eval().to(DEVICE)
     model.set_attn_impl("sdpa")
     data = token_batches(torch.randint(0, 101, (2 * 20,)), 20, 2)
     got = profile(model, data, topk=30, logits_kernel=True, progress=False).data
