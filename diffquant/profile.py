@@ -8,6 +8,11 @@ is the massive-activations convention instead: top-k and median of each sequence
 
 The top values come with their locations: layer, head, Diff map, sequence, query and key position for
 attention logits; layer, sequence, token position, token id and channel for hidden states.
+
+Off the CPU the statistics stay on the device until the run ends (``sync_free``, see stats_device: no host sync
+per probe call), and on CUDA the attention-logit statistics come from a Triton kernel that reads q and k while
+attention runs fused, never materialising the logits (``logits_kernel``, see kernels/logit_stats). Both give the
+host path's results.
 """
 
 from __future__ import annotations
