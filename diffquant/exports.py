@@ -2,9 +2,10 @@
 
 A packed checkpoint holds, per quantized Linear, codes + scales (+ zero points) with ``W = (code - zero) * scale``.
 Runtimes store ``W = q * d`` with a signed integer ``q`` (plus, in some formats, a zero point), so an export
-writes our codes and scales as they are, never re-rounding the float weights. Only weight-only schemes
-(RTN / GPTQ ``QuantLinear``) export: a runtime that reads the weights would not apply our dynamic activation
-or attention-logit quantizers, and bitsandbytes layers have formats of their own.
+writes our codes and scales as they are, never re-rounding the float weights. Only weight-only schemes of a
+method that lists the format among its exports go out (RTN / GPTQ ``QuantLinear``): a runtime that reads the
+weights would not apply our dynamic activation or attention-logit quantizers, bitsandbytes layers have formats
+of their own, and Hadamard-rotated codes describe ``W·H``, not ``W``.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from torch import nn
 
 from .checkpoint import CheckpointError
 from .model import LM, build_model
-from .quant.act import InputQuantLinear, QuantProbe
+from .quant.act import QuantProbe
 from .quant.api import iter_quantized
 from .quant.linear import QuantEmbedding, QuantLinear
+from .quant.registry import method_for_module, refuse_export
 
 log = logging.getLogger(__name__)
 
@@ -59,14 +61,21 @@ class IntWeight:
 
 
 def check_weight_only(model: nn.Module, fmt: str) -> None:
-    """Refuse what ``fmt`` cannot carry: activation / logit quantizers and bitsandbytes layers."""
+    """Refuse what ``fmt`` cannot carry: activation / logit quantizers, and weights of a method that does not
+    list ``fmt`` among its export formats (:mod:`diffquant.quant.registry`)."""
+    recorded = getattr(getattr(model, "quant_config", None), "weights", None)
+    if recorded is not None and (refusal := refuse_export(recorded.handler, fmt, "the model's weight method")):
+        raise CheckpointError(refusal)
     for name, module in iter_quantized(model):
-        if isinstance(module, QuantProbe) or (isinstance(module, (QuantLinear, InputQuantLinear))
-                                              and module.act is not None):
+        if isinstance(module, QuantProbe) or getattr(module, "act", None) is not None:
             raise CheckpointError(f"{fmt} export carries quantized weights only; {name} also quantizes activations "
                                   "or attention logits at run time (quantize with --weights only)")
-        if not isinstance(module, (QuantLinear, QuantEmbedding)):
-            raise CheckpointError(f"{fmt} export covers RTN / GPTQ weights; {name} is a {type(module).__name__}")
+        method = method_for_module(module)
+        if method is None:
+            raise CheckpointError(f"{fmt} export covers quantized weights; {name} is a {type(module).__name__}")
+        refusal = refuse_export(method, fmt, name)
+        if refusal:
+            raise CheckpointError(refusal)
 
 
 def block_int_weights(model: LM) -> dict[str, IntWeight]:

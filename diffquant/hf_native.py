@@ -95,14 +95,16 @@ def save_dequantized(model: HFProbed, out: str | Path, conv1d: set[str], note: d
     """Write ``model`` (weight-quantized) as an HF folder with dequantized weights plus ``diffquant_quant.json``
     (and ``extra_files``, name -> source file: the tokenizer)."""
     from .quant.api import iter_quantized
-    from .quant.linear import QuantEmbedding, QuantLinear
+    from .quant.registry import HF_DEQUANTIZED, method_for_module, refuse_export
 
     hf = model.hf
     quantized = [(n.removeprefix("hf."), m) for n, m in iter_quantized(model)]
-    if any(not isinstance(m, (QuantLinear, QuantEmbedding)) or getattr(m, "act", None) is not None
-           for _, m in quantized):
+    if any(method_for_module(m) is None or getattr(m, "act", None) is not None for _, m in quantized):
         raise UserError("--out on an HF folder holds weight quantization only (RTN/GPTQ): activation and logit "
                         "quantizers live in memory; use `diffquant sweep` for them")
+    for name, module in quantized:
+        if refusal := refuse_export(method_for_module(module), HF_DEQUANTIZED, name):
+            raise UserError(refusal)
     for name, module in quantized:
         hf.set_submodule(name, _dequantized(module, name in conv1d))
     with atomic_folder(out, overwrite) as tmp:

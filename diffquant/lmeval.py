@@ -130,13 +130,14 @@ def _load_model(pretrained, quant, device: str, calib_tokens: int, seed: int):
         return model
     config = quant if isinstance(quant, QuantConfig) else _quant_config(str(quant))
     calib = None
-    if config.weights is not None and config.weights.method == "gptq":
+    if config.weights is not None and config.weights.handler.needs_calibration:
         from .calibration import calibration_batch
         from .evaluate import model_max_len
         from .tokenizer import tokenizer_for
 
         if not isinstance(pretrained, (str, os.PathLike)):
-            raise ValueError("GPTQ through the adapter needs a checkpoint path (for its tokenizer and calibration)")
+            raise ValueError(f"{config.weights.handler.title} through the adapter needs a checkpoint path (for its "
+                             "tokenizer and calibration)")
         calib = calibration_batch(tokenizer_for(pretrained), model_max_len(model), calib_tokens, seed)
         calib = calib.to(next(model.parameters()).device, dtype=torch.long)
     return quantize_model(model, config, calib=calib)

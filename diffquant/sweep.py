@@ -4,7 +4,8 @@ A sweep quantizes one *target* at the given bit widths and scores each result on
 
 * targets: ``attn_logits``, ``attn_probs``, ``qk`` (``attn_q`` and ``attn_k``), ``hidden`` (dynamic absmax at
   the probes of those kinds; ``probs``, the old name of ``attn_probs``, is still read), ``linear_inputs``
-  (the inputs of the blocks' Linear layers), ``weights-rtn``, ``weights-gptq`` (the blocks' Linear weights);
+  (the inputs of the blocks' Linear layers), ``weights-<method>`` for each registered weight method that sweeps
+  over bit widths (``weights-rtn``, ``weights-gptq``, ``weights-hadamard-rtn``: the blocks' Linear weights);
 * 16 bits is the unquantized model (the paper's convention), for weight targets too. It belongs to no
   target, so one baseline record per checkpoint and task serves every target swept into the same file;
 * tasks: perplexity on ``wikitext2`` (WikiText-2 test), ``test`` / ``validation`` (the held-out books),
@@ -51,7 +52,7 @@ from .hf_native import check_native, is_native_hf, load_native
 from .io import check_output, locked_append
 from .kinds import ATTN_LOGITS, ATTN_PROBS, HIDDEN, SEQUENCE, canonical_granularity
 from .memory import check_fits, forward_bytes
-from .quant import ActQuant, QuantConfig, WeightQuant, quantize
+from .quant import ActQuant, QuantConfig, WeightQuant, quantize, weight_method, weight_methods
 from .records import (
     BASELINE_BITS,
     SCHEMA,
@@ -73,7 +74,7 @@ log = logging.getLogger(__name__)
 # weight method
 ACT_TARGETS = {ATTN_LOGITS: "logits", ATTN_PROBS: "probs", "qk": "qk", HIDDEN: "hidden",
                "linear_inputs": "activations"}
-WEIGHT_TARGETS = {"weights-rtn": "rtn", "weights-gptq": "gptq"}
+WEIGHT_TARGETS = {f"weights-{m}": m for m in weight_methods() if weight_method(m).sweepable}
 TARGETS = (*ACT_TARGETS, *WEIGHT_TARGETS)
 
 PERPLEXITY_TASKS = {"wikitext2": "wikitext2-test", "test": "test", "validation": "validation",
@@ -90,7 +91,11 @@ class Scheme:
     target: str
     granularity: str | None = None  # activation targets
     group_size: int | None = None  # weight targets
-    calib_tokens: int | None = None  # GPTQ
+    calib_tokens: int | None = None  # methods that need calibration (GPTQ)
+
+    @property
+    def needs_calibration(self) -> bool:
+        return self.target in WEIGHT_TARGETS and weight_method(WEIGHT_TARGETS[self.target]).needs_calibration
 
     def config(self, bits: int) -> QuantConfig:
         """The QuantConfig at ``bits`` (16 = the unquantized model: an empty config)."""
@@ -116,7 +121,7 @@ def make_scheme(target: str, granularity: str | None = None, group_size: int | N
     if target in WEIGHT_TARGETS:
         if granularity is not None:
             raise ValueError("--granularity applies to activation targets; weight targets take --group-size")
-        if target == "weights-gptq":
+        if weight_method(WEIGHT_TARGETS[target]).needs_calibration:
             calib_tokens = DEFAULT_CALIB_TOKENS if calib_tokens is None else calib_tokens
             _positive("calib_tokens", calib_tokens)
         else:
@@ -290,7 +295,7 @@ def check_sweep(scheme: Scheme, checkpoints: list[str], tasks: list[Task], limit
         raise ValueError("no tasks given")
     for ckpt in checkpoints:
         check_checkpoint(ckpt, scheme)
-    if scheme.target == "weights-gptq" and calib_data != "train":  # the train split ships with the package
+    if scheme.needs_calibration and calib_data != "train":  # the train split ships with the package
         documents(calib_data)  # exists and is readable
 
 
@@ -367,7 +372,7 @@ def _sweep_checkpoint(ckpt: _Checkpoint, scheme: Scheme, data: dict, settings: d
         if bits == BASELINE_BITS:
             qmodel = model
         else:
-            if scheme.target == "weights-gptq" and calib is None:
+            if scheme.needs_calibration and calib is None:
                 calib = calibration_batch(tokenizer, model_max_len(model), scheme.calib_tokens, settings["seed"],
                                           calib_data).to(device)
             qmodel = quantize(model, config, calib=calib)

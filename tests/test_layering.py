@@ -237,8 +237,8 @@ def test_graph_is_the_package(parsed):
     assert "diffquant.model" in graph["diffquant.checkpoint.native"]
     assert "diffquant.checkpoint.hf" in graph["diffquant.checkpoint"]  # `from .hf import ...`
     assert "diffquant.checkpoint.hf" in graph["diffquant.hf_probes"]
-    assert "diffquant.quant.bnb" in graph["diffquant.checkpoint.packed"]  # lazy relative import
-    assert "diffquant.quant.bnb" in graph["diffquant.quant.api"]  # lazy absolute import
+    assert "diffquant.quant.registry" in graph["diffquant.hf_native"]  # lazy relative import
+    assert "diffquant.quant.config" in graph["diffquant.quant.methods.rtn"]  # lazy absolute import
     assert "diffquant.commands" in graph["diffquant.cli"]
     assert "diffquant.quant.config" in graph["diffquant.quant.linear"]
     assert len(graph) >= 50

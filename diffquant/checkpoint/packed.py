@@ -5,13 +5,15 @@ Layout of a folder written by :func:`save_quantized`::
     config.json        the float model's ModelConfig (the skeleton to rebuild)
     model.safetensors  the quantized model's state dict: QuantLinear / QuantEmbedding buffers (codes packed as
                        described in linear.py, scales, zeros), float tensors of everything not quantized,
-                       bitsandbytes tensors for bnb layers; a tensor shared by two names is stored once
+                       each weight method's own tensors (e.g. bitsandbytes statistics); a tensor
+                       shared by two names is stored once
     quant.json         {"format": "diffquant-packed", "version": 1, "quant_config": QuantConfig or null,
                         "modules": {name: scheme}, "shared": {name: stored name}, "notes": {...}}
 
 Every setting comes from quant.json's per-module schemes (bits, group size, symmetry, storage, activation
 quantizers), never from tensor names. Loading builds the float skeleton from config.json, swaps in empty quantized
-modules as the schemes say (:func:`restore_quantized_`, which knows nothing about the model code) and loads the
+modules as the schemes say (each module type's weight method builds it, :mod:`diffquant.quant.registry`;
+:func:`restore_quantized_` knows nothing about the model code) and loads the
 state dict, checking every key, so outputs equal the in-memory quantized model's exactly.
 """
 
@@ -34,7 +36,8 @@ from ..model import build_model
 from ..quant.act import InputQuantLinear, QuantProbe
 from ..quant.api import iter_quantized, tie_packed
 from ..quant.config import ActQuant, QuantConfig
-from ..quant.linear import QuantEmbedding, QuantLinear, _PackedWeight
+from ..quant.linear import _PackedWeight
+from ..quant.registry import method_for_module, method_for_type
 from .files import (
     CONFIG_FILE,
     WEIGHTS_FILE,
@@ -83,7 +86,7 @@ def save_quantized(model: nn.Module, path: str | Path, overwrite: bool = False, 
     modules = {name: module_scheme(m) for name, m in iter_quantized(model)}
     if dtype is not None:
         # bitsandbytes' own statistics (absmax, SCB, quant maps) keep their dtype: they are part of its format.
-        keep = tuple(f"{n}." for n, sch in modules.items() if sch["type"].startswith("bnb-"))
+        keep = tuple(f"{n}." for n, sch in modules.items() if _keeps_float_dtype(sch["type"]))
         tensors = {k: v.to(dtype) if v.is_floating_point() and not k.startswith(keep) else v
                    for k, v in tensors.items()}
     info = {
@@ -126,11 +129,13 @@ def fp16_file_bytes(model: nn.Module) -> int:
 
 
 def module_scheme(module: nn.Module) -> dict:
-    if isinstance(module, (QuantProbe, InputQuantLinear, _PackedWeight)):
-        return module.scheme()
-    from ..quant.bnb import bnb_scheme
+    method = method_for_module(module)
+    return module.scheme() if method is None else method.scheme(module)
 
-    return bnb_scheme(module)
+
+def _keeps_float_dtype(module_type: str) -> bool:
+    method = method_for_type(module_type)
+    return method is not None and method.keeps_float_dtype
 
 
 def _dedupe(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -210,7 +215,8 @@ def restore_quantized_(model: nn.Module, info: dict, tensors: dict[str, torch.Te
     _check_keys(model, state, where)
     check_codes(info["modules"], state, where)
     result = model.load_state_dict(state, strict=False)  # bnb 4-bit layers were built from their extra keys
-    prebuilt = tuple(f"{n}.weight." for n, s in info["modules"].items() if s.get("type") in ("bnb-nf4", "bnb-fp4"))
+    prebuilt = tuple(f"{n}.weight." for n, s in info["modules"].items()
+                     if getattr(method_for_type(s.get("type")), "loads_extra_keys", False))
     leftover = [k for k in result.unexpected_keys if not k.startswith(prebuilt)]
     if result.missing_keys or leftover:
         raise CheckpointError(f"{where}: tensors not loaded ({', '.join((result.missing_keys + leftover)[:3])})")
@@ -227,23 +233,16 @@ def _act(scheme: dict) -> ActQuant | None:
 def _empty_module(model: nn.Module, name: str, scheme: dict, tensors: dict[str, torch.Tensor]) -> nn.Module:
     kind = scheme.get("type")
     old = model.get_submodule(name)
-    if kind == "QuantLinear":
-        return QuantLinear(scheme["in_features"], scheme["out_features"], scheme["bits"], scheme["group_size"],
-                           scheme["symmetric"], scheme["bias"], _act(scheme))
-    if kind == "QuantEmbedding":
-        return QuantEmbedding(scheme["num_embeddings"], scheme["embedding_dim"], scheme["bits"],
-                              scheme["group_size"], scheme["symmetric"])
     if kind == "QuantProbe":
         if getattr(old, "kind", None) != scheme["kind"]:
             raise ValueError(f"the model has no {scheme['kind']} probe there")
         return QuantProbe(scheme["kind"], _act(scheme))
     if kind == "InputQuantLinear":
         return InputQuantLinear.from_linear(old, _act(scheme))
-    if isinstance(kind, str) and kind.startswith("bnb-"):
-        from ..quant.bnb import bnb_empty_module
-
-        return bnb_empty_module(old, scheme, tensors, name)
-    raise ValueError(f"unknown module type {kind!r}")
+    method = method_for_type(kind) if isinstance(kind, str) else None
+    if method is None:
+        raise ValueError(f"unknown module type {kind!r}")
+    return method.empty_module(old, scheme, tensors, name)
 
 
 def _check_keys(model: nn.Module, state: dict[str, torch.Tensor], where: str) -> None:

@@ -10,9 +10,9 @@ from pathlib import Path
 from ..calibration import DEFAULT_CALIB_TOKENS
 from ..errors import UserError
 from ..kinds import ACT_GRANULARITIES, GRANULARITY_ALIASES, HEAD_GRANULARITIES, SEQUENCE
-from ..quant.config import WEIGHT_METHODS
+from ..quant import weight_methods
 
-WEIGHT_CHOICES = [*WEIGHT_METHODS, "none"]
+WEIGHT_CHOICES = [*weight_methods(), "none"]
 DTYPES = ("float16", "bfloat16", "float32")
 
 
@@ -21,7 +21,7 @@ def register(sub) -> None:
     p.add_argument("checkpoint", help="checkpoint folder or .gguf file")
     p.add_argument("--out", required=True, help="folder for the packed checkpoint (never the source)")
     p.add_argument("--weights", choices=WEIGHT_CHOICES, default="none", help="weight method (default: none)")
-    p.add_argument("--bits", type=int, default=None, help="weight bits, 2..8 (rtn/gptq)")
+    p.add_argument("--bits", type=int, default=None, help="weight bits, 2..8 (implied by the bnb methods)")
     p.add_argument("--group-size", type=int, default=None, help="weights per scale (default: one per row)")
     p.add_argument("--asymmetric", action="store_true", help="min/max weights with zero points")
     p.add_argument("--grid", default=None, choices=["absmax", "full"],
@@ -38,7 +38,7 @@ def register(sub) -> None:
     p.add_argument("--logit-granularity", default=SEQUENCE, choices=[*ACT_GRANULARITIES, *GRANULARITY_ALIASES],
                    help=f"default {SEQUENCE} (one scale per sequence; old name tensor), "
                         f"{' | '.join(HEAD_GRANULARITIES)} or row / token (per query row)")
-    p.add_argument("--calib-tokens", type=int, default=DEFAULT_CALIB_TOKENS, help="GPTQ calibration tokens")
+    p.add_argument("--calib-tokens", type=int, default=DEFAULT_CALIB_TOKENS, help="calibration tokens (GPTQ)")
     p.add_argument("--calib-seq-len", type=int, default=None, help="default: min(256, the model's max_seq_len)")
     p.add_argument("--tokenizer", default=None, help="tokenizer for the calibration text (default: the checkpoint's)")
     p.add_argument("--seed", type=int, default=0, help="seed of the calibration windows")
@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     fp16_bytes = fp16_file_bytes(model)  # the float baseline, measured before quantizing in place
     start = time.perf_counter()
     calib, calib_info, tokenizer = None, {}, None
-    if args.weights == "gptq":
+    if config.weights is not None and config.weights.handler.needs_calibration:
         calib, calib_info, tokenizer = gptq_calibration(source, model, args.calib_tokens, args.calib_seq_len,
                                                         args.seed, args.tokenizer)
     quantize_(model, config, calib=calib)
@@ -97,16 +97,19 @@ def _run_native(args: argparse.Namespace, source: Path, out: Path, config) -> in
     from ..calibration import gptq_calibration
     from ..hf_native import check_native, conv1d_names, load_native, save_dequantized
     from ..quant import quantize_
+    from ..quant.registry import HF_DEQUANTIZED, refuse_export
 
     check_native(source, config.probe_targets(), args.group_size)
     if config.activations is not None or config.logits is not None:
         raise UserError(f"{source} is an HF folder: --out holds weight quantization only (a float HF folder with "
                         "the dequantized weights); sweep activation and logit quantization with `diffquant sweep`")
+    if config.weights is not None and (refusal := refuse_export(config.weights.handler, HF_DEQUANTIZED, source)):
+        raise UserError(refusal)
     model = load_native(source)
     conv1d = conv1d_names(model.hf)
     start = time.perf_counter()
     calib, calib_info = None, {}
-    if args.weights == "gptq":
+    if config.weights is not None and config.weights.handler.needs_calibration:
         calib, calib_info, _ = gptq_calibration(source, model, args.calib_tokens, args.calib_seq_len, args.seed,
                                                 args.tokenizer)
     quantize_(model, config, calib=calib)

@@ -24,14 +24,11 @@ from typing import Callable, Iterable
 import torch
 from torch import nn
 
-from diffquant.dispatch import place_like, resident
 from diffquant.kinds import ATTENTION_KINDS
 from diffquant.probes import probes
 from diffquant.quant.act import InputQuantLinear, QuantProbe
 from diffquant.quant.config import PER_SEQUENCE_GRANULARITIES, QuantConfig, WeightQuant
-from diffquant.quant.gptq import gptq_quantize_
 from diffquant.quant.linear import QuantEmbedding, QuantLinear, _PackedWeight
-from diffquant.quant.rtn import rtn_codes
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +91,8 @@ def quantize(model: nn.Module, config: QuantConfig, calib=None, filter_fn: Filte
 def quantize_(model: nn.Module, config: QuantConfig, calib=None, filter_fn: FilterFn | None = None) -> nn.Module:
     """Quantize ``model`` in place as ``config`` says and return it.
 
-    calib: token ids for GPTQ: one LongTensor [N, T] (run in batches of 8) or an iterable of [B, T] batches.
+    calib: token ids for a method that needs calibration (GPTQ): one LongTensor [N, T] (run in batches of 8)
+        or an iterable of [B, T] batches.
     filter_fn(name, module) -> bool: which ``nn.Linear`` (and, with ``embeddings``, ``nn.Embedding``) modules
         get weight and input quantization; default :func:`default_filter` (+ embeddings and head if asked).
     """
@@ -161,14 +159,7 @@ def _check_before_changes(model, config: QuantConfig, linears, embeddings, batch
             width = _in_features(module) if name in linears else module.weight.shape[1]
             if wq.group_size is not None and width % wq.group_size:
                 raise ValueError(f"group_size {wq.group_size} does not divide the input width {width} of {name}")
-        if wq.method == "gptq" and not batches:
-            raise ValueError("GPTQ needs calibration data: pass calib=token ids [N, T]")
-        if wq.is_bnb:
-            from diffquant.quant.bnb import import_bnb  # fails here, with the extra to install, when missing
-
-            import_bnb()
-            if embeddings:
-                raise ValueError(f"{wq.method} quantizes Linear layers only; drop embeddings=True")
+        wq.handler.check_model(wq, linears, embeddings, batches)
     if config.activations is not None and not linears:
         raise ValueError("no nn.Linear module matches the filter: no inputs to quantize")
     targets = config.probe_targets()
@@ -202,21 +193,7 @@ def _quantize_weights(model, wq: WeightQuant, linears: list[str], embeddings: li
     for name in embeddings:
         emb = model.get_submodule(name)
         model.set_submodule(name, QuantEmbedding.from_float(emb, wq.bits, wq.group_size, wq.symmetric))
-    own = [n for n in linears if n not in tied]
-    if wq.method == "rtn":
-        for name in own:
-            linear = model.get_submodule(name)
-            with resident(linear):  # offloaded (device_map): loaded for this layer only, then written back
-                codes, scale, zero = rtn_codes(linear.weight, wq.bits, wq.group_size, wq.symmetric, wq.grid)
-                quantized = QuantLinear.from_codes(linear, codes, scale, zero, wq.bits, wq.group_size)
-            model.set_submodule(name, place_like(quantized, linear))
-    elif wq.method == "gptq":
-        gptq_quantize_(model, own, batches, wq.bits, wq.group_size, wq.symmetric, wq.act_order, wq.damp,
-                       wq.block_size, wq.grid, wq.sequential)
-    else:
-        from diffquant.quant.bnb import bnb_quantize_
-
-        bnb_quantize_(model, own, wq)
+    wq.handler.quantize_(model, [n for n in linears if n not in tied], wq, batches)
     for lin_name, emb_name in tied.items():
         head = model.get_submodule(lin_name)
         qhead = QuantLinear(head.in_features, head.out_features, wq.bits, wq.group_size, wq.symmetric,
@@ -270,5 +247,5 @@ def iter_quantized(model: nn.Module) -> Iterable[tuple[str, nn.Module]]:
             yield name, m
 
 
-def _is_bnb_module(module: nn.Module) -> bool:
+def _is_bnb_module(module: nn.Module) -> bool:  # without importing bitsandbytes
     return type(module).__module__.startswith("bitsandbytes")

@@ -43,12 +43,11 @@ from ..kinds import (
     SEQUENCE,
     canonical_granularity,
 )
+from .registry import weight_method, weight_methods
 
-__all__ = ["ACT_GRANULARITIES", "HEAD_GRANULARITIES", "PROBE_TARGETS", "WEIGHT_METHODS", "ActQuant", "QuantConfig",
+__all__ = ["ACT_GRANULARITIES", "HEAD_GRANULARITIES", "PROBE_TARGETS", "ActQuant", "QuantConfig",
            "WeightQuant", "canonical_granularity"]
 
-WEIGHT_METHODS = ("rtn", "gptq", "bnb-int8", "bnb-nf4", "bnb-fp4")
-BNB_BITS = {"bnb-int8": 8, "bnb-nf4": 4, "bnb-fp4": 4}
 # QuantConfig field -> probe kinds it quantizes (``activations`` = the inputs of the selected Linear layers).
 PROBE_TARGETS: dict[str, tuple[str, ...]] = {
     "logits": (ATTN_LOGITS,),
@@ -58,6 +57,15 @@ PROBE_TARGETS: dict[str, tuple[str, ...]] = {
 }
 # Fields that need eager attention: fused kernels never show these tensors.
 ATTENTION_FIELDS = tuple(f for f, kinds in PROBE_TARGETS.items() if set(kinds) <= set(ATTENTION_KINDS))
+
+
+def __getattr__(name: str):
+    """``WEIGHT_METHODS`` (the registered method names) and ``BNB_BITS``, read from the registry when asked."""
+    if name == "WEIGHT_METHODS":
+        return weight_methods()
+    if name == "BNB_BITS":
+        return {m: weight_method(m).fixed_bits for m in weight_methods() if weight_method(m).fixed_bits}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _is_int(value: object) -> bool:
@@ -84,8 +92,9 @@ class _PlainFields:
 class WeightQuant(_PlainFields):
     """Weight quantization of Linear layers.
 
-    method: "rtn" (round to nearest), "gptq" (needs calibration data), "bnb-int8" (LLM.int8 with outlier
-        ``threshold``), "bnb-nf4", "bnb-fp4" (bitsandbytes; optional extra ``diffquant[bnb]``).
+    method: a registered weight method (:mod:`diffquant.quant.registry`): "rtn" (round to nearest), "gptq"
+        (needs calibration data), "bnb-int8" (LLM.int8 with outlier ``threshold``), "bnb-nf4", "bnb-fp4"
+        (bitsandbytes; optional extra ``diffquant[bnb]``), "hadamard-rtn" (RTN of the Hadamard-rotated weight).
     bits: 2..8 for rtn/gptq (codes of ≤ 4 bits are packed two per byte); implied by the bnb methods.
     group_size: None = one scale per output channel; else one per group of that many input columns (must
         divide the input width; checked when applied).
@@ -113,15 +122,11 @@ class WeightQuant(_PlainFields):
     embeddings: bool = False
 
     def __post_init__(self) -> None:
-        if self.method not in WEIGHT_METHODS:
-            raise ValueError(f"unknown weight method {self.method!r}; expected one of {', '.join(WEIGHT_METHODS)}")
+        method = weight_method(self.method)
         if self.grid is None:  # resolved here, so to_dict() and quant.json say which grid was used
-            object.__setattr__(self, "grid", "full" if self.method == "gptq" and self.symmetric is True else "absmax")
-        if self.method in BNB_BITS:
-            self._check_bnb()
-        elif self.bits is None:
-            raise ValueError(f"WeightQuant(method={self.method!r}) needs bits (2..8)")
-        elif not _is_int(self.bits) or not 2 <= self.bits <= 8:
+            object.__setattr__(self, "grid", method.default_grid(self))
+        method.check(self)  # resolves bits a method implies, refuses settings it takes none of
+        if not _is_int(self.bits) or not 2 <= self.bits <= 8:
             raise ValueError(f"weight bits must be an integer in 2..8, got {self.bits!r} "
                              "(16-bit weights: leave weights=None)")
         if self.group_size is not None and (not _is_int(self.group_size) or self.group_size < 1):
@@ -139,18 +144,15 @@ class WeightQuant(_PlainFields):
                 or not 0 <= self.threshold < math.inf:
             raise ValueError(f"threshold must be a finite non-negative number, got {self.threshold!r}")
 
-    def _check_bnb(self) -> None:
-        bits = BNB_BITS[self.method]
-        if self.bits is None:
-            object.__setattr__(self, "bits", bits)  # implied by the method; stored for JSON and reports
-        elif self.bits != bits:
-            raise ValueError(f"{self.method} is {bits}-bit, got bits={self.bits!r}")
-        if self.group_size is not None or not self.symmetric or self.act_order or self.grid != "absmax":
-            raise ValueError(f"{self.method} takes no group_size, symmetric, grid or act_order settings")
+    @property
+    def handler(self):
+        """The registered :class:`~diffquant.quant.registry.WeightMethod` of ``method``."""
+        return weight_method(self.method)
 
     @property
     def is_bnb(self) -> bool:
-        return self.method in BNB_BITS
+        """A method with its own activation handling (bitsandbytes); kept for callers of the old name."""
+        return not self.handler.takes_input_quant
 
 
 @dataclass(frozen=True)
@@ -204,7 +206,7 @@ class QuantConfig(JsonConfig):
             value = getattr(self, name)
             if value is not None and value.granularity in HEAD_GRANULARITIES:
                 raise ValueError(f"granularity {value.granularity!r} applies to attention probes only, not to {name}")
-        if self.activations is not None and self.weights is not None and self.weights.is_bnb:
+        if self.activations is not None and self.weights is not None and not self.weights.handler.takes_input_quant:
             raise ValueError(f"{self.weights.method} brings its own activation handling; drop activations")
 
     def to_dict(self) -> dict:
