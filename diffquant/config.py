@@ -5,6 +5,7 @@ and a value of ``2 * head_dim``, so a Diff model with ``n_heads = H/2`` has exac
 a Transformer with ``H`` heads of the same ``head_dim`` (the paper's parameter matching).
 ``arch="gated"`` (Qiu et al. 2025) adds a d_model × q_dim gate projection per layer and pays for it with a
 narrower SwiGLU (``gate_ffn_cut``); ``arch="clipped"`` (Bondarenko et al. 2023) has no extra parameters.
+The arches and their matching rules are rows of :mod:`diffquant.arches`.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from .arches import arch_names, arch_spec, gate_ffn_cut  # noqa: F401  (gate_ffn_cut re-exported)
 from .io import JsonConfig
 
-ARCHS = ("transformer", "diff", "gated", "clipped")
 ATTN_IMPLS = ("eager", "sdpa", "flash")
 # Sanity limits checked before anything is allocated (far above any model this toolkit is meant for).
 SIZE_LIMITS = {"vocab_size": 1 << 21, "d_model": 1 << 16, "n_layers": 1024, "n_heads": 1024, "n_kv_heads": 1024,
@@ -27,9 +28,11 @@ def default_ffn_dim(d_model: int) -> int:
     return max(64, 64 * round(8 * d_model / 3 / 64))
 
 
-def gate_ffn_cut(cfg: ModelConfig) -> int:
-    """SwiGLU width the gated arm gives up: its gate has d_model·q_dim weights, each FFN unit 3·d_model."""
-    return round(cfg.q_dim / 3)
+def __getattr__(name: str):
+    """``ARCHS``: the arch names of :mod:`diffquant.arches`' table, read when asked."""
+    if name == "ARCHS":
+        return arch_names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def lambda_init_for_layer(layer: int) -> float:
@@ -57,8 +60,7 @@ class ModelConfig(JsonConfig):
 
     def __post_init__(self):
         _check_types(self)
-        if self.arch not in ARCHS:
-            raise ValueError(f"unknown arch {self.arch!r}; expected one of {', '.join(ARCHS)}")
+        arch_spec(self.arch)  # a known arch, else ValueError
         if self.attn_impl not in ATTN_IMPLS:
             raise ValueError(f"unknown attn_impl {self.attn_impl!r}; expected one of {', '.join(ATTN_IMPLS)}")
         for name, limit in SIZE_LIMITS.items():
@@ -93,7 +95,7 @@ class ModelConfig(JsonConfig):
     # Derived sizes (properties so they never disagree with the stored fields).
     @property
     def sub_heads_per_head(self) -> int:
-        return 2 if self.arch == "diff" else 1
+        return arch_spec(self.arch).sub_heads
 
     def lambda_init_at(self, layer: int) -> float:
         """λ_init of 0-based ``layer``: the schedule, or the constant of the Table-6 ablation."""
@@ -109,34 +111,14 @@ class ModelConfig(JsonConfig):
         return self.n_kv_heads * self.sub_heads_per_head * self.head_dim
 
     def matched(self, arch: str) -> ModelConfig:
-        """The parameter-matched partner of another arch: Diff has half the Transformer's heads at the same
-        head_dim; gated trades its gate's parameters for FFN width (within 1%); clipped changes nothing."""
-        if arch not in ARCHS:
-            raise ValueError(f"unknown arch {arch!r}; expected one of {', '.join(ARCHS)}")
+        """The parameter-matched partner of another arch, by the arch table's rules (:mod:`diffquant.arches`):
+        Diff has half the Transformer's heads at the same head_dim; gated trades its gate's parameters for FFN
+        width (within 1%); clipped changes nothing."""
+        target = arch_spec(arch)
         if arch == self.arch:
             return self
-        return self._as_transformer()._transformer_to(arch)
-
-    def _as_transformer(self) -> ModelConfig:
-        if self.arch == "diff":
-            # λ_init is Diff-only: a constant-λ ablation's partner is the plain Transformer
-            return dataclasses.replace(self, arch="transformer", n_heads=self.n_heads * 2,
-                                       n_kv_heads=self.n_kv_heads * 2, lambda_init=None)
-        if self.arch == "gated":
-            return dataclasses.replace(self, arch="transformer", ffn_dim=self.ffn_dim + gate_ffn_cut(self))
-        return dataclasses.replace(self, arch="transformer")
-
-    def _transformer_to(self, arch: str) -> ModelConfig:
-        if arch == "diff":
-            if self.n_heads % 2 or self.n_kv_heads % 2:
-                raise ValueError(
-                    f"a Diff partner needs an even number of heads and kv heads, got {self.n_heads}/{self.n_kv_heads}"
-                )
-            # head_dim stays: the defaults agree, d_model // (H·s) is the same for both
-            return dataclasses.replace(self, arch=arch, n_heads=self.n_heads // 2, n_kv_heads=self.n_kv_heads // 2)
-        if arch == "gated":
-            return dataclasses.replace(self, arch=arch, ffn_dim=self.ffn_dim - gate_ffn_cut(self))
-        return dataclasses.replace(self, arch=arch)
+        transformer = dataclasses.replace(self, arch="transformer", **arch_spec(self.arch).to_transformer(self))
+        return dataclasses.replace(transformer, arch=arch, **target.from_transformer(transformer))
 
     # JSON round trip.
     def to_dict(self) -> dict:

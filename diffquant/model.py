@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import kinds
+from .arches import arch_spec
 from .config import ATTN_IMPLS, ModelConfig
 from .errors import UserError
 from .probes import Probe
@@ -114,8 +115,9 @@ class Attention(nn.Module):
 
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
-        self.is_diff = cfg.arch == "diff"
-        self.is_gated, self.is_clipped = cfg.arch == "gated", cfg.arch == "clipped"
+        spec = arch_spec(cfg.arch)  # what this arch's attention computes (diffquant/arches.py)
+        self.is_diff, self.is_gated, self.is_clipped = spec.differential, spec.gated, spec.clipped
+        self.fused = spec.fused
         self.sub = cfg.sub_heads_per_head  # query/key sub-heads per head: 1 or 2
         self.n_heads, self.n_kv, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         self.n_rep = cfg.n_heads // cfg.n_kv_heads
@@ -163,7 +165,7 @@ class Attention(nn.Module):
         S = k.shape[-2]
         q = q.view(B, self.n_heads, s, T, d)  # (B, H, s, T, d): sub-heads 2i, 2i+1 -> head i, maps 0, 1
         k = k.view(B, self.n_kv, s, S, d)  # (B, K, s, S, d)
-        if self.impl == "eager" or self.is_clipped:  # no fused kernel computes a clipped softmax
+        if self.impl == "eager" or not self.fused:  # e.g. no fused kernel computes a clipped softmax
             attn = self._eager(q, _repeat_kv(k, self.n_rep), _repeat_kv(v, self.n_rep), q_offset)
         else:
             attn = self._fused(q, k, v, q_offset)  # (B, H, T, s·d)

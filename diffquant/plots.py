@@ -14,6 +14,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter  # noqa: E402
 
+from .arches import ArchColumn  # noqa: E402
 from .emergence import tracked_curve  # noqa: E402
 from .io import atomic_path  # noqa: E402
 from .records import BASELINE_BITS, is_finite  # noqa: E402
@@ -31,7 +32,7 @@ from .report import (  # noqa: E402
 )
 from .tables import SITE_NAMES  # noqa: E402
 
-ARCH_COLORS = {"transformer": "tab:blue", "diff": "tab:red", "gated": "tab:green", "clipped": "tab:purple"}
+ARCH_COLORS = ArchColumn("color")  # arch -> colour (diffquant/arches.py)
 
 
 def _save(fig, path: str | Path) -> Path:
@@ -215,7 +216,7 @@ def _hollow_ungated(axes, points: list[dict], style: dict) -> None:
 
 # ---------------------------------------------------------------------------------------------------- Figure 8
 
-LINESTYLES = {"transformer": "-", "diff": "--", "gated": "-.", "clipped": ":"}
+LINESTYLES = ArchColumn("linestyle")
 MARKERS = "osD^vP*Xph"
 
 

@@ -22,6 +22,7 @@ import numpy as np
 from scipy.stats import binomtest
 from scipy.stats import t as student_t
 
+from .arches import ArchColumn
 from .chance import PREDICTION, above_chance
 from .checkpoint import load_checkpoint
 from .emergence import BLOCK_KEYS, CURVES, FLAT_BLOCKS, FLAT_CHANGE, has_flattened, recent_changes
@@ -42,7 +43,7 @@ GATE_TASK = "tinystories"
 BITS = (16, 8, 6, 4)
 GRANULARITIES = (SEQUENCE, "head", "head_map")  # per sequence; per head (Diff maps share); per head and map
 LOCATED = 100  # top values whose positions are summarised
-ARCH_SHORT = {"transformer": "T", "diff": "D", "gated": "G", "clipped": "C"}
+ARCH_SHORT = ArchColumn("short")  # arch -> one letter (diffquant/arches.py); its order is the table's
 # zero-shot tasks (items: the first N; COPA has 100) checked for above-chance accuracy before their Figure 8
 ZEROSHOT_TASKS = {"copa": None, "piqa": 500, "winogrande": 500, "arc_easy": 500, "openbookqa": 500, "boolq": 500,
                   "hellaswag": 200}
@@ -345,7 +346,8 @@ def table5_text(table5: dict[str, dict]) -> str:
         parts += [f"### {name}", "", outlier_table({r["label"]: r for r in recs.values()}, paper=True), ""]
         for arch, rec in recs.items():
             if arch != "transformer":
-                ratios = ratio_table(recs["transformer"], rec, other_label=arch.capitalize(), paper=arch == "diff")
+                ratios = ratio_table(recs["transformer"], rec, other_label=ArchColumn("label")[arch],
+                                     paper=arch == "diff")
                 parts += [ratios, ""]
     return "\n".join(parts)
 

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from tabulate import tabulate
 
+from .arches import ArchColumn
 from .config import ModelConfig
 from .kinds import SEQUENCE
 from .paired import (
@@ -63,7 +64,7 @@ log = logging.getLogger(__name__)
 PRIMARY_METRIC = {"perplexity": "perplexity", "multiple_choice": "acc_norm", "lambada": "acc"}
 ACCURACY_KEYS = {"acc": "correct", "acc_norm": "correct_norm"}
 
-ARCH_NAMES = {"transformer": "Transformer", "diff": "Diff", "gated": "Gated", "clipped": "Clipped"}
+ARCH_NAMES = ArchColumn("label")  # arch -> "Diff" (diffquant/arches.py)
 NONFINITE_MARK = "NaN/Inf"
 CSV_HEADER = ["section", "scheme", "model", "arch", "task", "metric", "bits", "value", "delta", "low", "high",
               "p_mcnemar", "n"]
@@ -253,9 +254,6 @@ def comparison_rows(records: Sequence[dict], metrics: Sequence[str] | None = Non
     return out
 
 
-ARCH_WORDS = re.compile("|".join(ARCH_NAMES), re.IGNORECASE)
-
-
 def declared_pairs(records: Sequence[dict], pairs: Sequence[tuple[str, str]] | None = None) -> set[tuple[str, str]]:
     """(Transformer label, other arm's label) pairs to compare: ``pairs`` as given (each label checked), else
     for each other-arm model the Transformers with its parameter-matched config (``ModelConfig.matched``), only
@@ -285,7 +283,7 @@ def declared_pairs(records: Sequence[dict], pairs: Sequence[tuple[str, str]] | N
 
 
 def _family(label: str) -> str:
-    return ARCH_WORDS.sub("", label)
+    return re.compile("|".join(ARCH_NAMES), re.IGNORECASE).sub("", label)
 
 
 def _matched(transformer: dict | None, other: dict | None) -> bool:

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from collections import ChainMap
+
 from tabulate import tabulate
 
-from .kinds import ATTN_CLIPPED, ATTN_DIFF, ATTN_GATE, ATTN_K, ATTN_LOGITS, ATTN_PROBS, ATTN_Q, HIDDEN, MLP_ACT
+from .arches import PROBE_NAMES
+from .kinds import ATTN_K, ATTN_LOGITS, ATTN_PROBS, ATTN_Q, HIDDEN, MLP_ACT
 
 TABLE5_RANKS = (1, 2, 3, 10, 100)
-SITE_NAMES = {ATTN_LOGITS: "attention logits", HIDDEN: "hidden states", MLP_ACT: "MLP activations",
-              ATTN_PROBS: "attention probs", ATTN_Q: "queries", ATTN_K: "keys", ATTN_DIFF: "diff map",
-              ATTN_CLIPPED: "clipped probs", ATTN_GATE: "attention gate"}
+# every arch's sites, then the probes an arch adds (its row in diffquant/arches.py names them), read live
+SITE_NAMES = ChainMap({ATTN_LOGITS: "attention logits", HIDDEN: "hidden states", MLP_ACT: "MLP activations",
+                       ATTN_PROBS: "attention probs", ATTN_Q: "queries", ATTN_K: "keys"}, PROBE_NAMES)
 FORMATS = {"markdown": "github", "github": "github", "csv": "csv", "latex": "latex", "plain": "plain"}
 
 # The paper's Table 5 (3B models, 0.4M tokens): reference values printed beside our measurements.
