@@ -269,3 +269,24 @@ def test_cli_tiny_preset_trains_on_the_calib_split_with_its_tokenizers_vocabular
     header = json.loads((out / "train_log.json").read_text())
     assert header["flush_denormal"] is True  # the command flushes denormals while it trains (outlier-regime speed)
     assert torch.tensor([1e-40]).item() != 0.0  # and gives the process torch's default back
+
+
+def test_in_process_cli_keeps_an_explicit_lr_over_the_recipe(tmp_path, monkeypatch):
+    """``cli.main([...])`` decides what the user set from its own argv, never from the process's sys.argv."""
+    import diffquant.train as train_module
+
+    seen = {}
+
+    def fake_train(model_cfg, cfg, out, *args, **kwargs):
+        seen[out] = cfg
+        return {"step": 0, "tokens_seen": 0, "history": {"val": []}}
+
+    monkeypatch.setattr(train_module, "train", fake_train)
+    monkeypatch.setattr("sys.argv", ["pytest", "--recipe", "stories260k"])  # a caller's argv, not the command's
+    common = ["train", "--arch", "diff", "--preset", "tiny", "--tokens", "8192", "--batch-size", "4",
+              "--recipe", "stories260k"]
+    assert main([*common, "--lr", "1e-2", "--out", str(tmp_path / "a")]) == 0
+    assert main([*common, "--beta2=0.9", "--out", str(tmp_path / "b")]) == 0
+    a, b = seen[str(tmp_path / "a")], seen[str(tmp_path / "b")]
+    assert (a.lr, a.beta2, a.weight_decay) == (1e-2, 0.99, 0.01)  # lr given; the rest from the recipe
+    assert (b.lr, b.beta2) == (1e-3, 0.9)

@@ -7,7 +7,6 @@ import dataclasses
 import json
 import logging
 import signal
-import sys
 
 from ..config import ARCHS, ATTN_IMPLS
 from ..errors import UserError
@@ -83,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     model_cfg = dataclasses.replace(ModelConfig.preset(args.preset, arch=args.arch), **overrides)
     model_cfg = _fit_calib_vocab(model_cfg, args)
     opt = {k: getattr(args, k) for k in ("lr", "beta1", "beta2", "weight_decay")}
-    opt.update(_recipe_values(args, sys.argv[1:]))
+    opt.update(_recipe_values(args, args.argv))  # the arguments parsed, also when cli.main(argv) runs in-process
     cfg = TrainConfig(
         tokens=args.tokens, batch_size=args.batch_size, seq_len=args.seq_len or model_cfg.max_seq_len,
         min_lr_ratio=args.min_lr_ratio, warmup_steps=args.warmup_steps, schedule=args.schedule,
@@ -94,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     if cfg.seq_len > model_cfg.max_seq_len:
         raise UserError(f"--seq-len {cfg.seq_len} exceeds the preset's max_seq_len {model_cfg.max_seq_len}")
     train_ids, val_ids, provenance, files = _data(args, model_cfg)
-    provenance["command"] = "diffquant " + " ".join(sys.argv[1:])
+    provenance["command"] = "diffquant " + " ".join(args.argv)
     # Outlier-regime models (logits in the hundreds) fill softmax and its gradients with denormals, which run
     # 2-3x slower on x86; flushing them to zero moves nothing above 1.2e-38 (the log header records it).
     torch.set_flush_denormal(True)
