@@ -351,6 +351,24 @@ def _perplexity_summary(scores: list[dict], max_len: int, stride: int | None) ->
             "window_losses": window_losses}
 
 
+def _document_requests(tokenizer, docs, max_len: int, stride: int | None = None) -> tuple[list[Request], list[str]]:
+    """The rolling-window requests of every non-empty document (the prefix token, BOS or else EOS, first, as
+    lm-eval's ``loglikelihood_rolling``) and the texts of those documents."""
+    prefix = _prefix_id(tokenizer)
+    if prefix is None:
+        raise ValueError("the tokenizer has neither a BOS nor an EOS token to start each document with")
+    requests, kept = [], []
+    for doc in docs:
+        text = getattr(doc, "text", doc)
+        ids = _encode(tokenizer, text)
+        if ids:
+            requests += rolling_requests([prefix, *ids], max_len, stride)
+            kept.append(text)
+    if not kept:
+        raise ValueError("no text to score: every document is empty")
+    return requests, kept
+
+
 def text_perplexity(model, tokenizer, text_or_docs, max_len: int | None = None, stride: int | None = None,
                     batch_size: int = 8, progress: bool = True) -> dict:
     """Rolling perplexity of a text or of documents (strings or objects with ``.text``), each document on its own.
@@ -359,19 +377,9 @@ def text_perplexity(model, tokenizer, text_or_docs, max_len: int | None = None, 
     Adds lm-eval's tokenizer-independent ``word_perplexity``, ``byte_perplexity`` and ``bits_per_byte``
     (words = ``re.split(r"\\s+", doc)``), which compare models with different tokenizers.
     """
-    docs = [text_or_docs] if isinstance(text_or_docs, str) else [getattr(d, "text", d) for d in text_or_docs]
-    prefix = _prefix_id(tokenizer)
-    if prefix is None:
-        raise ValueError("the tokenizer has neither a BOS nor an EOS token to start each document with")
+    docs = [text_or_docs] if isinstance(text_or_docs, str) else text_or_docs
     max_len = max_len or model_max_len(model)
-    requests, kept = [], []
-    for doc in docs:
-        ids = _encode(tokenizer, doc)
-        if ids:
-            requests += rolling_requests([prefix, *ids], max_len, stride)
-            kept.append(doc)
-    if not kept:
-        raise ValueError("no text to score: every document is empty")
+    requests, kept = _document_requests(tokenizer, docs, max_len, stride)
     scores = score_requests(model, requests, batch_size, max_len, progress, desc="perplexity")
     out = _perplexity_summary(scores, max_len, stride)
     nll = out["loss"] * out["tokens"]
@@ -384,19 +392,13 @@ def text_perplexity(model, tokenizer, text_or_docs, max_len: int | None = None, 
 
 # ---------------------------------------------------------------------------------------------------- subsets
 
-def document_windows(tokenizer, docs, max_len: int) -> list[tuple[list[int], list[int]]]:
+def document_windows(tokenizer, docs, max_len: int) -> list[Request]:
     """The rolling-window requests of :func:`text_perplexity`, document by document."""
-    prefix = tokenizer.bos_id if tokenizer.bos_id is not None else tokenizer.eos_id
-    if prefix is None:
-        raise ValueError("the tokenizer has neither a BOS nor an EOS token to start each document with")
-    requests = []
-    for doc in docs:
-        ids = tokenizer.encode(getattr(doc, "text", doc))
-        if ids:
-            requests += rolling_requests([prefix, *ids], max_len)
-    if not requests:
-        raise ValueError("no text to score: every document is empty")
-    return requests
+    return _document_requests(tokenizer, docs, max_len)[0]
+
+
+LIMITED_KEYS = ("loss", "perplexity", "tokens", "windows", "windows_total", "max_len", "stride", "window_ids",
+                "window_losses")
 
 
 def perplexity_metrics(model, tokenizer, docs, limit: int | None = None, seed: int = 0, batch_size: int = 8,
@@ -409,9 +411,5 @@ def perplexity_metrics(model, tokenizer, docs, limit: int | None = None, seed: i
     requests = document_windows(tokenizer, docs, max_len)
     chosen = limit_ids(len(requests), limit, subset, seed)
     scores = score_requests(model, [requests[i] for i in chosen], batch_size, max_len, progress, desc="perplexity")
-    window_losses = [[-s["ll"], s["tokens"]] for s in scores]
-    nll = math.fsum(w[0] for w in window_losses)
-    tokens = sum(w[1] for w in window_losses)
-    return {"loss": nll / tokens, "perplexity": math.exp(nll / tokens), "tokens": tokens,
-            "windows": len(window_losses), "windows_total": len(requests), "max_len": max_len, "stride": max_len,
-            "window_ids": chosen, "window_losses": window_losses}
+    out = {**_perplexity_summary(scores, max_len, None), "windows_total": len(requests), "window_ids": chosen}
+    return {k: out[k] for k in LIMITED_KEYS}  # the order records have always had

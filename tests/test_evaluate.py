@@ -15,6 +15,7 @@ from diffquant.evaluate import (
     evaluate_task,
     get_rolling_token_windows,
     make_disjoint_window,
+    perplexity_metrics,
     rolling_perplexity,
     rolling_requests,
     score_lambada,
@@ -154,6 +155,27 @@ def test_text_perplexity_scores_each_document_after_bos(tok):
     assert math.isclose(single["loss"], per_doc[0]["loss"], rel_tol=1e-12)
     with pytest.raises(ValueError, match="every document is empty"):
         text_perplexity(model, tok, ["", ""], progress=False)
+
+
+def test_limited_perplexity_takes_the_same_windows_as_the_full_one(tok):
+    """One tokenizer path for both: all windows through ``limit`` score what ``text_perplexity`` scores, also
+    with a transformers-style tokenizer (``bos_token_id``, ``encode(add_special_tokens=...)``)."""
+
+    class HFStyle:  # the attributes a transformers tokenizer shows: encoding adds BOS unless told not to
+        bos_token_id, eos_token_id = tok.bos_id, tok.eos_id
+
+        def encode(self, text, add_special_tokens=True):
+            return tok.encode(text, bos=add_special_tokens)
+
+    torch.manual_seed(6)
+    model = _model(16, vocab_size=8192)
+    docs = ["A long tale of a fox who walked far away into the deep wood and never came back home.",
+            "Short one.", "The end of the story, told again and again by the old men of the town."]
+    for tokenizer in (tok, HFStyle()):
+        full = text_perplexity(model, tokenizer, docs, progress=False)
+        limited = perplexity_metrics(model, tokenizer, docs, limit=10**6, progress=False)
+        assert limited["windows_total"] == limited["windows"] == full["windows"]
+        assert limited["window_losses"] == full["window_losses"] and limited["loss"] == full["loss"]
 
 
 # ------------------------------------------------------------------------------------------------ multiple choice
