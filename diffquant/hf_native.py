@@ -55,9 +55,12 @@ def is_native_hf(path: str | Path) -> bool:
     return model_type not in MODEL_TYPES
 
 
-def load_native(path: str | Path, device: str | torch.device = "cpu") -> HFProbed:
+def load_probed_hf(path: str | Path, device: str | torch.device = "cpu") -> HFProbed:
     """The folder's model, float32, on ``device``, wrapped in HFProbed (eager probed attention where it can)."""
     return HFProbed(load_hf_model(path).to(device))
+
+
+load_native = load_probed_hf  # the old name; checkpoint.native.load_native reads diffquant's own folders
 
 
 def check_native(path: str | Path, kinds, group_size: int | None = None) -> None:

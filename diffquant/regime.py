@@ -403,9 +403,10 @@ def trend_table(results: list[dict], other: str = "diff") -> str:
     return render(header, rows)
 
 
-def plot_trend(results: list[dict], path: Path, other: str = "diff") -> None:
-    """Transformer / ``other`` ratios and ``other``'s 4-bit advantage against training tokens, cooled pairs only,
-    one line per run (:func:`trend_runs`), the pairs below the gate hollow."""
+def plot_verdict_trend(results: list[dict], path: Path, other: str = "diff") -> None:
+    """The trend figure of verdict results (:func:`diffquant.plots.plot_trend` draws it from series): Transformer
+    / ``other`` ratios and ``other``'s 4-bit advantage against training tokens, cooled pairs only, one line per
+    run (:func:`trend_runs`), the pairs below the gate hollow."""
     series = {run: [{"tokens": r["tokens"], "logit_ratio": r["versus"][other]["logit_ratio"],
                      "hidden_ratio": r["versus"][other]["hidden_ratio"],
                      "advantage": advantage_of(r["versus"][other], TREND_SCHEME), "gate": r["gate"]} for r in pairs]
@@ -414,6 +415,9 @@ def plot_trend(results: list[dict], path: Path, other: str = "diff") -> None:
         paper = None if other != "diff" else tuple(
             PAPER_TABLE5[("transformer", kind)][0] / PAPER_TABLE5[("diff", kind)][0] for kind in (ATTN_LOGITS, HIDDEN))
         draw_trend(series, path, paper=paper, scheme=TREND_SCHEME)
+
+
+plot_trend = plot_verdict_trend  # the old name, kept for callers; plots.plot_trend takes series
 
 
 # ------------------------------------------------------------------------------------------------ outputs
@@ -436,7 +440,7 @@ def write_outputs(out: Path, results: list[dict], table5: dict[str, dict], note:
     atomic_write_text(out / "table5.md", note + table5_text(table5) + "\n")
     atomic_write_text(out / "figure8.md", note + figure8_text(results, lambda r: sweep_path(out, r)) + "\n")
     atomic_write_text(out / "trend.md", note + trend_table(results) + "\n")
-    plot_trend(results, out / "trend.png")
+    plot_verdict_trend(results, out / "trend.png")
 
 
 def write_zeroshot(out: Path, verdicts: list[dict], records_of, note: str = "") -> None:

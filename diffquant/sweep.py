@@ -48,11 +48,12 @@ from .evaluate import (
     model_max_len,
     perplexity_metrics,
 )
-from .hf_native import check_native, is_native_hf, load_native
+from .hf_native import check_native, is_native_hf, load_probed_hf
 from .io import check_output, locked_append
-from .kinds import ATTN_LOGITS, ATTN_PROBS, HIDDEN, SEQUENCE, canonical_granularity
+from .kinds import SEQUENCE, canonical_granularity
 from .memory import check_fits, forward_bytes
 from .quant import ActQuant, QuantConfig, WeightQuant, quantize, weight_method, weight_methods
+from .quant.config import ACT_TARGETS
 from .records import (
     BASELINE_BITS,
     SCHEMA,
@@ -70,10 +71,7 @@ from .tokenizer import tokenizer_for
 
 log = logging.getLogger(__name__)
 
-# target -> the QuantConfig field it sets (activation targets: a probe kind where one kind is meant) or the
-# weight method
-ACT_TARGETS = {ATTN_LOGITS: "logits", ATTN_PROBS: "probs", "qk": "qk", HIDDEN: "hidden",
-               "linear_inputs": "activations"}
+# target -> the QuantConfig field it sets (ACT_TARGETS, quant/config.py) or the weight method
 WEIGHT_TARGETS = {f"weights-{m}": m for m in weight_methods() if weight_method(m).sweepable}
 TARGETS = (*ACT_TARGETS, *WEIGHT_TARGETS)
 
@@ -356,7 +354,7 @@ def _sweep_checkpoint(ckpt: _Checkpoint, scheme: Scheme, data: dict, settings: d
 
         model = load_dispatched(ckpt.path, **settings["dispatch"])
     elif is_native_hf(ckpt.path):
-        model = load_native(ckpt.path, device)
+        model = load_probed_hf(ckpt.path, device)
     else:
         model = load_checkpoint(ckpt.path, device=device, attn_impl=settings["attn_impl"])
     tokenizer = tokenizer_for(ckpt.path)

@@ -95,7 +95,7 @@ def _run_native(args: argparse.Namespace, source: Path, out: Path, config) -> in
     """An HF folder that does not convert to ours: quantized through HFProbed, written as a float HF folder with
     the dequantized weights (see :mod:`diffquant.hf_native`)."""
     from ..calibration import gptq_calibration
-    from ..hf_native import check_native, conv1d_names, load_native, save_dequantized
+    from ..hf_native import check_native, conv1d_names, load_probed_hf, save_dequantized
     from ..quant import quantize_
     from ..quant.registry import HF_DEQUANTIZED, refuse_export
 
@@ -105,7 +105,7 @@ def _run_native(args: argparse.Namespace, source: Path, out: Path, config) -> in
                         "the dequantized weights); sweep activation and logit quantization with `diffquant sweep`")
     if config.weights is not None and (refusal := refuse_export(config.weights.handler, HF_DEQUANTIZED, source)):
         raise UserError(refusal)
-    model = load_native(source)
+    model = load_probed_hf(source)
     conv1d = conv1d_names(model.hf)
     start = time.perf_counter()
     calib, calib_info = None, {}

@@ -45,7 +45,7 @@ from ..kinds import (
 )
 from .registry import weight_method, weight_methods
 
-__all__ = ["ACT_GRANULARITIES", "HEAD_GRANULARITIES", "PROBE_TARGETS", "ActQuant", "QuantConfig",
+__all__ = ["ACT_GRANULARITIES", "ACT_TARGETS", "HEAD_GRANULARITIES", "PROBE_TARGETS", "ActQuant", "QuantConfig",
            "WeightQuant", "canonical_granularity"]
 
 # QuantConfig field -> probe kinds it quantizes (``activations`` = the inputs of the selected Linear layers).
@@ -55,6 +55,11 @@ PROBE_TARGETS: dict[str, tuple[str, ...]] = {
     "qk": (ATTN_Q, ATTN_K),
     "hidden": (HIDDEN,),
 }
+# The one name of each activation target (sweep targets, records, reports) -> the QuantConfig field it sets:
+# the probe kind when the field quantizes one kind ("attn_logits" -> logits), else the field's name ("qk").
+ACT_TARGETS: dict[str, str] = {
+    **{kinds[0] if len(kinds) == 1 else field: field for field, kinds in PROBE_TARGETS.items()},
+    "linear_inputs": "activations"}
 # Fields that need eager attention: fused kernels never show these tensors.
 ATTENTION_FIELDS = tuple(f for f, kinds in PROBE_TARGETS.items() if set(kinds) <= set(ATTENTION_KINDS))
 

@@ -92,8 +92,8 @@ Granularity = PerTensor | PerAxis | PerGroup
 def as_granularity(spec: Granularity | str) -> Granularity:
     """Granularity from an instance or a string: "tensor", "row" (= PerAxis((0,))), "group:<g>".
 
-    The probe-level meanings of "tensor" / "head" / "token" (per sequence, ...) belong to the quantizer
-    layer, which maps them to explicit granularities; here "tensor" is literally the whole tensor.
+    Here "tensor" is the whole tensor. Activation quantizers at probes name their own granularities
+    ("sequence", "head", "token", ...: :data:`diffquant.kinds.ACT_GRANULARITIES`) and map them to these types.
     """
     if isinstance(spec, (PerTensor, PerAxis, PerGroup)):
         return spec
