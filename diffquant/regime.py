@@ -6,7 +6,7 @@ A *pair* is a dict naming checkpoints trained with identical data order::
      "checkpoints": {"transformer": ".../final", "diff": ".../final", ...}}
 
 with a ``transformer`` arm and one or more others (diff, gated, clipped), each set against the Transformer.
-The **gate** (issue 13): no Table-5 or Figure-8 verdict counts unless the Transformer is in the outlier regime:
+The **gate**: no Table-5 or Figure-8 verdict counts unless the Transformer is in the outlier regime:
 attention-logit top-1 ≥ 100 and 4-bit per-sequence logits at least doubling its perplexity on the real
 TinyStories held-out text. Everything here is computed from records; tables and plots are made from them.
 """

@@ -12,7 +12,7 @@ follow the imports transitively:
     ``diffquant.__main__``);
 (d) library modules never call ``print`` (they log), except the calls listed in :data:`ALLOWED_PRINTS`.
 
-The allow-lists (all empty since issue 14 untied the checkpoint knot) are a ratchet: a new violation fails,
+The allow-lists (all empty) are a ratchet: a new violation fails,
 and so does an entry that no longer exists, so the list shrinks when a knot is untied. Importing a submodule
 also runs its parent packages' ``__init__`` at run time; those implicit edges are left out (as import-linter
 does), otherwise ``diffquant/__init__.py``, which imports the public names, would put every module in one cycle.
@@ -29,8 +29,8 @@ PACKAGE = "diffquant"
 ROOT = Path(__file__).resolve().parents[1] / PACKAGE
 
 # (a) Allowed cycles, each one strongly connected component (a set of modules that import each other, directly
-# or not). None: the checkpoint knot (issue 14, item 1) was untied by the diffquant.checkpoint package, whose
-# format modules import the shared helpers in checkpoint.files, never the dispatcher.
+# or not). None: the format modules of the diffquant.checkpoint package import the shared helpers in
+# checkpoint.files, never the dispatcher.
 ALLOWED_CYCLES: list[frozenset[str]] = []
 
 # (b) Allowed edges out of diffquant.quant that lead to the model code. None: packed checkpoints, which build the

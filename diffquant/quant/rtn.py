@@ -2,7 +2,8 @@
 
 Two symmetric grids (``grid``):
 
-* ``"absmax"`` (DESIGN.md's contract): codes ±(2**(bits-1) - 1), ``scale = amax / (2**(bits-1) - 1)``;
+* ``"absmax"`` (the project's contract, docs/ARCHITECTURE.md §4.2): codes ±(2**(bits-1) - 1),
+  ``scale = amax / (2**(bits-1) - 1)``;
 * ``"full"`` (GPTQ's "symmetric"): all 2**bits levels, ``scale = 2·amax / (2**bits - 1)``, zero point
   ``2**(bits-1)``, ``code = clamp(round(w / scale) + zero, 0, 2**bits - 1)``. Stored like an asymmetric code
   with a constant zero point, so packed checkpoints need nothing new. At 4 bits its step is 15/14 finer.
