@@ -29,6 +29,7 @@ from torch import nn
 
 from . import kinds
 from .arches import arch_spec
+from .attention import set_attention_
 from .config import ATTN_IMPLS, ModelConfig
 from .errors import UserError
 from .probes import Probe
@@ -226,10 +227,7 @@ class Attention(nn.Module):
             kf = k.transpose(1, 2).reshape(B, s * K, S, d)  # (B, s·K, S, d), head j·K + g
             vf = v.unsqueeze(1).expand(B, s, K, S, s * d).reshape(B, s * K, S, s * d)  # each map reads the same value
         scale = self.head_dim ** -0.5
-        if self.impl == "sdpa":
-            out = _sdpa(qf, kf, vf, scale, q_offset)  # (B, s·H, T, s·d)
-        else:
-            out = _split_value(_flash, qf, kf, vf, scale, q_offset)
+        out = FUSED_KERNELS[self.impl](qf, kf, vf, scale, q_offset)  # (B, s·H, T, s·d)
         if not self.is_diff:
             return out
         maps = out.view(B, H, s, T, s * d).unbind(2) if self.n_rep == 1 else out.view(B, s, H, T, s * d).unbind(1)
@@ -366,10 +364,16 @@ class LM(nn.Module):
             _import_flash()
         if chunk is not None and chunk <= 0:
             raise ValueError(f"chunk must be positive, got {chunk}")
-        for block in self.layers:
-            block.attn.impl, block.attn.chunk = impl, chunk
+        set_attention_([block.attn for block in self.layers], impl, chunk)
         self.config = dataclasses.replace(self.config, attn_impl=impl)
         return self
+
+
+# attn_impl -> the fused kernel computing softmax(q kᵀ·scale)·v (eager is the observable path, Attention._eager)
+FUSED_KERNELS = {
+    "sdpa": _sdpa,
+    "flash": lambda q, k, v, scale, q_offset: _split_value(_flash, q, k, v, scale, q_offset),
+}
 
 
 INITS = ("normal", "default")

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from .attention import attention_impl, switchable
 from .kinds import ATTENTION_KINDS, CAUSAL_KINDS, KINDS  # noqa: F401  (ATTENTION_KINDS: re-exported)
 
 log = logging.getLogger(__name__)
@@ -96,33 +97,29 @@ def hooked(
     """
     chosen = {n: p for n, p in probes(model, kinds).items() if select is None or select(n, p)}
     handles = []
-    fused = _eager_for_maps(model, chosen)
-    try:
-        for name, probe in chosen.items():
-            handles.append(probe.register_forward_hook(_adapt(name, hook), with_kwargs=True))
-        yield chosen
-    finally:
-        for handle in handles:
-            handle.remove()
-        for module, impl in fused:
-            module.impl = impl
+    with _eager_for_maps(model, chosen):
+        try:
+            for name, probe in chosen.items():
+                handles.append(probe.register_forward_hook(_adapt(name, hook), with_kwargs=True))
+            yield chosen
+        finally:
+            for handle in handles:
+                handle.remove()
 
 
-def _eager_for_maps(model: nn.Module, chosen: dict[str, Probe]) -> list[tuple[nn.Module, str]]:
-    """Switch fused attention modules (those with ``impl`` and ``chunk``, as profile's) to eager when attention
-    maps are probed, keeping their chunk; returns what to restore."""
+def _eager_for_maps(model: nn.Module, chosen: dict[str, Probe]):
+    """Eager attention (query chunks kept) while attention maps are probed (:func:`attention_impl`), else
+    nothing."""
     if not any(p.kind in CAUSAL_KINDS for p in chosen.values()):
-        return []
-    switchable = [m for m in model.modules() if hasattr(m, "impl") and hasattr(m, "chunk")]
-    fused = [(m, m.impl) for m in switchable if m.impl != "eager"]
+        return nullcontext()
+    modules = switchable(model)
+    fused = [m.impl for m in modules if m.impl != "eager"]
     impl = getattr(getattr(model, "config", None), "attn_impl", "eager")
-    if not switchable and impl != "eager":  # (modules already switched to eager, e.g. by profile, are fine)
+    if not modules and impl != "eager":  # (modules already switched to eager, e.g. by profile, are fine)
         log.warning("attention-map probes never fire on %s attention; run the model with eager attention", impl)
     if fused:
-        log.info("attention maps exist only on the eager path: running eager (not %s) inside hooked()", fused[0][1])
-    for m, _ in fused:
-        m.impl = "eager"
-    return fused
+        log.info("attention maps exist only on the eager path: running eager (not %s) inside hooked()", fused[0])
+    return attention_impl(model, "eager")
 
 
 def _adapt(name: str, hook: ProbeHook):

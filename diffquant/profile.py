@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from torch import nn
 from tqdm import tqdm
 
 from . import distributed
+from .attention import attention_impl
 from .dispatch import input_device
 from .io import atomic_write_text
 from .kinds import ATTENTION_KINDS, ATTN_K, ATTN_LOGITS, ATTN_Q, CAUSAL_KINDS, HIDDEN, TOKEN_KINDS
@@ -340,22 +342,10 @@ def _exact_pass(model, mine, prof: _Profiler, pooled, chunk, progress: bool) -> 
     distributed.reduce_on_main(local_pass, merge)
 
 
-class _eager_attention:
-    """Switch attention modules to eager (optionally chunked) and restore their settings afterwards."""
-
-    def __init__(self, model: nn.Module, chunk: int | None, active: bool = True):
-        self.model, self.chunk, self.active = model, chunk, active
-
-    def __enter__(self):
-        self.saved = [(m, m.impl, m.chunk) for m in self.model.modules()
-                      if self.active and hasattr(m, "impl") and hasattr(m, "chunk")]
-        for m, _, _ in self.saved:
-            m.impl, m.chunk = "eager", self.chunk
-        return self
-
-    def __exit__(self, *exc):
-        for m, impl, chunk in self.saved:
-            m.impl, m.chunk = impl, chunk
+def _eager_attention(model: nn.Module, chunk: int | None, active: bool = True):
+    """Attention modules eager (query chunks of ``chunk``) inside the block, restored after it; nothing when not
+    ``active``."""
+    return attention_impl(model, "eager", chunk) if active else nullcontext()
 
 
 # -- assembling the JSON record ---------------------------------------------------------------------------

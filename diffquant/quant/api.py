@@ -24,6 +24,7 @@ from typing import Callable, Iterable
 import torch
 from torch import nn
 
+from diffquant.attention import switchable
 from diffquant.kinds import ATTENTION_KINDS
 from diffquant.probes import probes
 from diffquant.quant.act import InputQuantLinear, QuantProbe
@@ -168,7 +169,7 @@ def _check_before_changes(model, config: QuantConfig, linears, embeddings, batch
     if missing:
         raise ValueError(f"the model has no {', '.join(missing)} probes (diffquant models have every kind; "
                          "HFProbed hidden and, where probed, attn_logits)")
-    chunked = any(getattr(m, "chunk", None) for m in model.modules())
+    chunked = any(m.chunk for m in switchable(model))
     coarse = any(a.granularity in PER_SEQUENCE_GRANULARITIES for k, a in targets.items() if k in ATTENTION_KINDS)
     if chunked and coarse:
         raise ValueError("per-tensor/per-head attention quantization needs unchunked eager attention "

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from diffquant.attention import attention_impl, switchable
 from diffquant.dispatch import input_device, place_like, resident
 from diffquant.quant.linear import QuantLinear
 from diffquant.quant.numerics import PerAxis, code_range, quantize_tensor
@@ -293,21 +294,12 @@ def _next_inputs(args: tuple, kwargs: dict, out) -> tuple[tuple, dict]:
     return (hidden, *args[1:]), kwargs
 
 
-@contextlib.contextmanager
 def _fused_attention(model: nn.Module):
-    """Calibrate with sdpa when the model offers it (same outputs as eager, a fraction of the time on CPU)."""
-    config = getattr(model, "config", None)
-    impl = getattr(config, "attn_impl", None)
-    layers = getattr(model, "layers", None)
-    if impl != "eager" or not hasattr(model, "set_attn_impl") or layers is None:
-        yield
-        return
-    chunk = layers[0].attn.chunk if len(layers) else None
-    model.set_attn_impl("sdpa")
-    try:
-        yield
-    finally:
-        model.set_attn_impl(impl, chunk)
+    """Calibrate with sdpa when the model runs eager diffquant attention (same outputs, a fraction of the time on
+    CPU); restored afterwards."""
+    if getattr(getattr(model, "config", None), "attn_impl", None) != "eager" or not switchable(model):
+        return contextlib.nullcontext()
+    return attention_impl(model, "sdpa")
 
 
 def _calibrate_next_stage(
