@@ -32,6 +32,7 @@ from .errors import UserError
 from .io import atomic_dir, atomic_path, atomic_write_text, finite_or_none, read_json_file, write_safetensors
 from .memory import check_fits, train_bytes
 from .model import LM, build_model, num_params
+from .stream import STREAMED_NOTE, TokenStream, check_steps, memorisation_check
 from .tracking import outlier_point
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,7 @@ class TrainConfig:
     branch_every: int = 0  # keep a resumable state every this many steps, to branch cooldowns from; 0: none
     track_every: int = 0  # log per-layer outliers on a fixed validation batch every this many steps; 0: never
     track_windows: int = 4  # windows of seq_len tokens in that batch
+    compile: bool = False  # torch.compile the training forward (opt-in: slower on the CPU, see bench_train.py)
 
     def __post_init__(self):
         if self.schedule not in SCHEDULES:
@@ -129,6 +131,11 @@ def batch_at(data: np.ndarray, step: int, cfg: TrainConfig) -> tuple[torch.Tenso
     return xy[:, :-1], xy[:, 1:]
 
 
+def training_batch(data: np.ndarray | TokenStream, step: int, cfg: TrainConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step ``step``'s batch: random windows of a fixed corpus, or a streamed teacher's windows of that step."""
+    return data.batch(step) if isinstance(data, TokenStream) else batch_at(data, step, cfg)
+
+
 def eval_windows(data: np.ndarray, seq_len: int, max_tokens: int) -> torch.Tensor:
     """Contiguous, non-overlapping windows of seq_len+1 tokens from the start of ``data`` (fixed)."""
     n = min(max_tokens // seq_len, (len(data) - 1) // seq_len)
@@ -166,7 +173,8 @@ def make_optimizer(model: LM, cfg: TrainConfig) -> torch.optim.AdamW:
         skip = p.ndim < 2 or name.startswith("embed.") or "lambda_" in name
         (no_decay if skip else decay).append(p)
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=1e-8, fused=False)
+    fused = torch.device(cfg.device).type == "cuda"  # one kernel for all parameters: launches bound xs on a GPU
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=1e-8, fused=fused)
 
 
 # -- resumable state without pickle -----------------------------------------------------------------------
@@ -254,9 +262,10 @@ def restore_optimizer(opt: torch.optim.AdamW, moments: dict[str, torch.Tensor], 
 # -- the loop ---------------------------------------------------------------------------------------------
 
 def train(
-    model_cfg: ModelConfig, cfg: TrainConfig, out: str | Path, train_data: np.ndarray, val_data: np.ndarray,
-    resume: bool = False, init_from: str | Path | None = None, provenance: dict | None = None,
+    model_cfg: ModelConfig, cfg: TrainConfig, out: str | Path, train_data: np.ndarray | TokenStream,
+    val_data: np.ndarray, resume: bool = False, init_from: str | Path | None = None, provenance: dict | None = None,
     branch_from: str | Path | None = None, files: dict[str, Path] | None = None, stop_at: int | None = None,
+    fresh: TokenStream | None = None,
 ) -> dict:
     """Train into ``out`` (state/, snapshots/, final/, branches/, train_log.json) and return the log as a dict.
 
@@ -267,6 +276,10 @@ def train(
     tokenizer) are copied into every checkpoint the run writes. ``stop_at`` ends this call after that step
     with the resumable state saved and no final checkpoint: the schedule is still ``cfg``'s, so a resume
     continues as if uninterrupted (a campaign stops at a branch to cool it, then goes on).
+
+    ``train_data`` is a token corpus (random windows) or a :class:`~diffquant.stream.TokenStream` (fresh teacher
+    stories every step). When the run finishes, the log gets a memorisation check (loss on fresh teacher stories
+    minus on training stories) if a teacher is at hand: the stream's own, or ``fresh`` for a corpus run.
     """
     out = Path(out)
     device = cfg.device
@@ -300,18 +313,22 @@ def train(
     val = eval_windows(val_data, cfg.seq_len, cfg.eval_tokens)
     track = val[:cfg.track_windows, :-1].contiguous()
     log_base = _log_header(model, cfg, out, train_data, init_from, provenance, branch_from, data)
+    checks = check_steps(cfg.steps)
+    if isinstance(train_data, TokenStream):
+        train_data.keep_steps = set(checks)
 
     def save(step: int, folder: Path) -> None:
         _check_finite(model, step)  # never replace a good state by a diverged one
         save_state(folder, model, opt, step, history, cfg, files, data)
 
+    forward = torch.compile(model) if cfg.compile else model  # shares the parameters: saving reads ``model``
     t_start, wall_before = time.time(), history["wall_s"]
     bar = tqdm(total=cfg.steps, initial=start, desc=f"train {model.config.arch}", mininterval=5, dynamic_ncols=True)
     if start == 0 and cfg.track_every:
         _track(model, track, history, 0, cfg)
     try:
         for step in range(start, end):
-            loss = _train_step(model, opt, cfg, train_data, step)
+            loss = _train_step(forward, opt, cfg, train_data, step)
             history["train_loss"].append(round(loss, 6))
             done = step + 1
             elapsed = wall_before + time.time() - t_start
@@ -358,6 +375,7 @@ def train(
     _check_finite(model, cfg.steps)
     save_checkpoint(model, out / FINAL_DIR, overwrite=True, dtype=torch.float16, files=files,
                     metadata={"step": str(cfg.steps), "tokens": str(cfg.steps * cfg.batch_size * cfg.seq_len)})
+    log_base["memorisation"] = _memorisation(model, train_data, fresh, cfg, checks)
     return _write_log(out, log_base, history, cfg.steps)
 
 
@@ -418,8 +436,11 @@ def _check_finite(model: LM, step: int) -> None:
                                "last saved state is kept")
 
 
-def data_fingerprint(train_data: np.ndarray, val_data: np.ndarray) -> dict:
-    return {"train_tokens_sha256": hashlib.sha256(train_data.tobytes()).hexdigest(),
+def data_fingerprint(train_data: np.ndarray | TokenStream, val_data: np.ndarray) -> dict:
+    """Hashes naming the training and validation tokens (a stream: the hash of its identity, which fixes them)."""
+    train = train_data.identity_sha256 if isinstance(train_data, TokenStream) else \
+        hashlib.sha256(train_data.tobytes()).hexdigest()
+    return {"train_tokens_sha256": train,
             "val_tokens_sha256": hashlib.sha256(val_data.tobytes()).hexdigest()}
 
 
@@ -483,8 +504,8 @@ class TrainingDiverged(UserError):
     """A non-finite training loss (e.g. too high a learning rate); the run's log records the step."""
 
 
-def _train_step(model: LM, opt: torch.optim.AdamW, cfg: TrainConfig, data: np.ndarray, step: int) -> float:
-    x, y = batch_at(data, step, cfg)
+def _train_step(model, opt: torch.optim.AdamW, cfg: TrainConfig, data, step: int) -> float:
+    x, y = training_batch(data, step, cfg)
     x, y = x.to(cfg.device), y.to(cfg.device)
     for group in opt.param_groups:
         group["lr"] = lr_at(step, cfg)
@@ -500,6 +521,30 @@ def _train_step(model: LM, opt: torch.optim.AdamW, cfg: TrainConfig, data: np.nd
     return loss.item()
 
 
+def _memorisation(model: LM, train_data, fresh: TokenStream | None, cfg: TrainConfig, steps: list[int]):
+    """The memorisation check on the batches of ``steps`` (None without a teacher to draw fresh stories from)."""
+    streamed = isinstance(train_data, TokenStream)
+    source = train_data if streamed else fresh
+    if source is None:
+        return None
+    if streamed:
+        trained = train_data.trained_windows(steps)
+    else:
+        trained = np.concatenate([torch.cat([x, y[:, -1:]], 1).numpy()
+                                  for x, y in (batch_at(train_data, s, cfg) for s in steps)])
+    result = memorisation_check(model, trained, source.fresh_windows(len(trained)), cfg.batch_size, cfg.device,
+                                cfg.bf16)
+    log.info("memorisation: fresh − training loss %.4f ± %.4f nats/token", result["gap"], result["se"] or 0)
+    return {"note": STREAMED_NOTE if streamed else "fixed corpus", "steps": steps, **result}
+
+
+def _data_header(train_data) -> dict:
+    """What the log says about the training data beyond its fingerprint."""
+    if isinstance(train_data, TokenStream):
+        return {k: v for k, v in train_data.provenance().items() if k != "train_tokens_sha256"}
+    return {"train_tokens_available": len(train_data)}
+
+
 def _log_header(model, cfg, out, train_data, init_from, provenance, branch_from, data) -> dict:
     return {
         "branch_from": str(branch_from) if branch_from else None,
@@ -508,11 +553,7 @@ def _log_header(model, cfg, out, train_data, init_from, provenance, branch_from,
         "parameters": num_params(model),
         "seed": cfg.seed,
         "init_from": str(init_from) if init_from else None,
-        "data": {
-            **data,
-            "train_tokens_available": len(train_data),
-            **(provenance or {}),
-        },
+        "data": {**data, **_data_header(train_data), **(provenance or {})},
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "flush_denormal": torch.tensor([1e-40]).item() == 0.0,  # denormals flushed to zero (commands/train.py)

@@ -1,4 +1,5 @@
-"""`diffquant train`: train a model on the calib train split or a token corpus (resumable, logged)."""
+"""`diffquant train`: train a model on the calib train split, a token corpus or a teacher's streamed samples
+(resumable, logged)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import dataclasses
 import json
 import logging
 import signal
+from pathlib import Path
 
 from ..config import ARCHS, ATTN_IMPLS
 from ..errors import UserError
@@ -21,6 +23,14 @@ def register(sub) -> None:
     p.add_argument("--out", required=True, help="run folder (state/, snapshots/, final/, branches/, train_log.json)")
     p.add_argument("--data", default=None, help="token corpus folder (from `diffquant sample`); default: the calib "
                    "train split. With a corpus, validation is the real cased TinyStories sample")
+    p.add_argument("--teacher", default=None, help="a teacher checkpoint: train on its exact samples, drawn fresh "
+                   "for every step from (seed, step), never stored nor cycled (validation: real cased TinyStories). "
+                   "With --data the corpus is trained on and the teacher only draws the memorisation check's "
+                   "fresh stories")
+    p.add_argument("--stream-cache", default=None, metavar="DIR", help="--teacher: keep the drawn blocks here, so "
+                   "the other arm of a pair reads them instead of sampling again")
+    p.add_argument("--stream-block-tokens", type=int, default=None, help="--teacher: tokens per drawn block "
+                   "(default 2^18; each block's stories come from one generator)")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--seq-len", type=int, default=None, help="default: the preset's max_seq_len")
     p.add_argument("--lr", type=float, default=2e-3)
@@ -92,14 +102,16 @@ def run(args: argparse.Namespace) -> int:
     )
     if cfg.seq_len > model_cfg.max_seq_len:
         raise UserError(f"--seq-len {cfg.seq_len} exceeds the preset's max_seq_len {model_cfg.max_seq_len}")
-    train_ids, val_ids, provenance, files = _data(args, model_cfg)
+    train_ids, val_ids, provenance, files = _data(args, model_cfg, cfg)
+    fresh = train_ids if args.teacher and args.data is None else _fresh_stream(args, cfg)
     provenance["command"] = "diffquant " + " ".join(args.argv)
     # Outlier-regime models (logits in the hundreds) fill softmax and its gradients with denormals, which run
     # 2-3x slower on x86; flushing them to zero moves nothing above 1.2e-38 (the log header records it).
     torch.set_flush_denormal(True)
     try:
         record = train(model_cfg, cfg, args.out, train_ids, val_ids, resume=args.resume, init_from=args.init_from,
-                       provenance=provenance, branch_from=args.branch_from, files=files, stop_at=args.stop_at)
+                       provenance=provenance, branch_from=args.branch_from, files=files, stop_at=args.stop_at,
+                       fresh=None if fresh is train_ids else fresh)
     finally:
         torch.set_flush_denormal(False)  # torch's default, for a caller that runs this in-process
     val = record["history"]["val"]
@@ -125,7 +137,7 @@ WIDENED_PRESETS = ("tiny",)
 def _fit_calib_vocab(model_cfg, args: argparse.Namespace):
     """On the calib train split the project tokenizer sets the vocabulary of ``tiny`` (128 -> 8192, with a
     warning); presets shaped after a tokenizer (xs, s: stories260K's 512) and corpora (--data) keep theirs."""
-    if args.data is not None or args.preset not in WIDENED_PRESETS:
+    if args.data is not None or args.teacher is not None or args.preset not in WIDENED_PRESETS:
         return model_cfg
     from ..tokenizer import default_tokenizer
 
@@ -137,8 +149,35 @@ def _fit_calib_vocab(model_cfg, args: argparse.Namespace):
     return dataclasses.replace(model_cfg, vocab_size=vocab)
 
 
-def _data(args: argparse.Namespace, model_cfg) -> tuple:
-    """(train ids, validation ids, provenance, files to ship in checkpoints) for the chosen data."""
+def _stream(args: argparse.Namespace, cfg, model_cfg=None):
+    """The teacher's token stream for this run's seed and batch shape."""
+    from ..stream import DEFAULT_BLOCK_TOKENS, TokenStream
+
+    stream = TokenStream(args.teacher, cfg.seed, cfg.batch_size, cfg.seq_len, device=args.device,
+                         cache_dir=args.stream_cache,
+                         block_tokens=args.stream_block_tokens or DEFAULT_BLOCK_TOKENS)
+    if model_cfg is not None and stream.vocab_size > model_cfg.vocab_size:
+        raise UserError(f"teacher {args.teacher} has {stream.vocab_size} tokens but preset {args.preset!r} only "
+                        f"{model_cfg.vocab_size}")
+    return stream
+
+
+def _fresh_stream(args: argparse.Namespace, cfg):
+    """With --data and --teacher: the teacher that draws the memorisation check's fresh stories."""
+    return _stream(args, cfg) if args.teacher and args.data is not None else None
+
+
+def _data(args: argparse.Namespace, model_cfg, cfg) -> tuple:
+    """(train ids or stream, validation ids, provenance, files to ship in checkpoints) for the chosen data."""
+    if args.teacher is not None and args.data is None:
+        from ..corpus import heldout_ids
+
+        stream = _stream(args, cfg, model_cfg)
+        from ..tokenizer import tokenizer_file_name
+
+        tok = stream.tokenizer
+        return stream, heldout_ids(tok), {"teacher": args.teacher, "validation": "tinystories-cased"}, \
+            {tokenizer_file_name(tok): Path(tok.path)}
     if args.data is None:
         from ..tokenizer import default_tokenizer
         from ..train import split_tokens

@@ -1,0 +1,136 @@
+"""Streamed teacher data: windows a function of (seed, step), byte-identical runs and resumes, the memorisation
+check against a float64 reference."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from diffquant.checkpoint.gguf import stories260k_path
+from diffquant.cli import main
+from diffquant.config import ModelConfig
+from diffquant.model import build_model
+from diffquant.sample import sample_stories
+from diffquant.stream import TokenStream, check_steps, memorisation_check, stream_seed
+from diffquant.train import TrainConfig, train
+
+SEQ, BATCH, MAX_LEN = 32, 4, 48
+
+
+def make_stream(seed=0, **kw) -> TokenStream:
+    kw = {"max_len": MAX_LEN, "draw_batch": 8, "block_tokens": 2 * BATCH * SEQ, **kw}
+    return TokenStream(stories260k_path(), seed, BATCH, SEQ, **kw)
+
+
+@pytest.fixture(scope="module")
+def stream():
+    return make_stream()
+
+
+def test_windows_are_the_exact_samplers_stories_cut_in_order(stream):
+    gen = torch.Generator().manual_seed(stream_seed("train", 0, 1))
+    ids = []
+    while sum(map(len, ids)) < stream.steps_per_block * BATCH * SEQ + 1:
+        ids += sample_stories(stream.model, 8, gen, stream.bos_id, stream.stop_ids, MAX_LEN)
+    ids = np.concatenate(ids)
+    block = stream.block(1)
+    assert stream.steps_per_block == 2 and block.shape == (2 * BATCH, SEQ + 1)
+    for i, row in enumerate(block):  # consecutive windows share their boundary token
+        np.testing.assert_array_equal(row, ids[i * SEQ:i * SEQ + SEQ + 1])
+    x, y = stream.batch(3)  # step 3 is block 1's second step
+    np.testing.assert_array_equal(x.numpy(), block[BATCH:, :-1])
+    np.testing.assert_array_equal(y.numpy(), block[BATCH:, 1:])
+
+
+def test_steps_purposes_and_seeds_draw_different_stories(stream):
+    assert len({stream_seed(p, s, i) for p in ("train", "fresh") for s in (0, 1) for i in (0, 1)}) == 8
+    a, b = stream.windows_at(0), stream.windows_at(2)
+    assert not np.array_equal(a, b)
+    assert not np.array_equal(stream.fresh_windows(BATCH), a)
+    assert not np.array_equal(make_stream(seed=1).windows_at(0), a)
+    np.testing.assert_array_equal(make_stream().windows_at(2), b)  # a new stream, the same step: the same tokens
+
+
+def test_a_stream_cache_serves_the_drawn_block(tmp_path):
+    first = make_stream(cache_dir=tmp_path)
+    drawn = first.windows_at(1)
+    files = list(tmp_path.glob("stream-*.npy"))
+    assert len(files) == 1 and first.tokens_drawn > 0
+    second = make_stream(cache_dir=tmp_path)
+    np.testing.assert_array_equal(second.windows_at(1), drawn)
+    assert second.tokens_drawn == 0
+
+
+def reference_window_losses(model, windows):
+    """Per-window mean next-token cross-entropy by hand in float64 (log-softmax written out)."""
+    model = model.double().eval()
+    out = []
+    with torch.no_grad():
+        for w in windows:
+            logits = model(torch.from_numpy(w[None, :-1].astype(np.int64)))[0]
+            logp = logits - torch.logsumexp(logits, dim=-1, keepdim=True)
+            out.append(-sum(logp[t, w[t + 1]].item() for t in range(len(w) - 1)) / (len(w) - 1))
+    return np.array(out)
+
+
+def test_memorisation_check_matches_a_float64_reference(stream):
+    model = build_model(ModelConfig.preset("xs", n_layers=1, max_seq_len=64), seed=3)
+    trained, fresh = stream.windows_at(0), stream.fresh_windows(6)
+    result = memorisation_check(model, trained, fresh, batch_size=3, device="cpu")
+    lt, lf = reference_window_losses(build_model(model.config, seed=3), trained), \
+        reference_window_losses(build_model(model.config, seed=3), fresh)
+    se = math.sqrt(np.var(lf, ddof=1) / len(lf) + np.var(lt, ddof=1) / len(lt))
+    assert result["gap"] == pytest.approx(lf.mean() - lt.mean(), rel=1e-4, abs=1e-5)
+    assert result["se"] == pytest.approx(se, rel=1e-3)
+    assert (result["train_windows"], result["fresh_windows"], result["tokens_per_window"]) == (BATCH, 6, SEQ)
+    same = memorisation_check(model, fresh, fresh, batch_size=4, device="cpu")
+    assert same["gap"] == 0.0
+
+
+def test_check_steps_spread_over_the_run():
+    assert check_steps(80) == [5, 15, 25, 35, 45, 55, 65, 75]
+    assert check_steps(3) == [0, 1, 2]
+
+
+def run(out, **kw):
+    cfg = TrainConfig(tokens=6 * BATCH * SEQ, batch_size=BATCH, seq_len=SEQ, warmup_steps=2, eval_every=3,
+                      eval_tokens=4 * SEQ, save_every=2)
+    val = make_stream(seed=9).fresh_windows(8).reshape(-1).astype(np.uint16)
+    return train(ModelConfig.preset("xs", arch="diff", n_layers=2, max_seq_len=64), cfg, out, make_stream(), val,
+                 **kw)
+
+
+@pytest.mark.slow
+def test_two_streamed_runs_from_one_seed_and_a_resumed_one_write_the_same_bytes(tmp_path):
+    logs = {name: run(tmp_path / name) for name in ("a", "b")}
+    run(tmp_path / "c", stop_at=3)
+    logs["c"] = run(tmp_path / "c", resume=True)
+    weights = {name: (tmp_path / name / "final" / "model.safetensors").read_bytes() for name in logs}
+    assert weights["a"] == weights["b"] == weights["c"]
+    assert logs["a"]["history"]["train_loss"] == logs["b"]["history"]["train_loss"] == \
+        logs["c"]["history"]["train_loss"]
+    memo = logs["a"]["memorisation"]
+    assert memo["note"] == "streamed: none by construction" and memo["steps"] == check_steps(6)
+    assert memo == logs["b"]["memorisation"]
+    assert logs["c"]["memorisation"]["gap"] == pytest.approx(memo["gap"], abs=1e-9)  # redrawn after the resume
+    assert logs["a"]["data"]["streamed"] is True and logs["a"]["data"]["stream"]["seed"] == 0
+
+
+def test_a_resume_on_another_teacher_stream_is_refused(tmp_path):
+    run(tmp_path / "r", stop_at=1)
+    cfg = TrainConfig(tokens=6 * BATCH * SEQ, batch_size=BATCH, seq_len=SEQ, warmup_steps=2, eval_every=3,
+                      eval_tokens=4 * SEQ, save_every=2)
+    val = make_stream(seed=9).fresh_windows(8).reshape(-1).astype(np.uint16)
+    with pytest.raises(ValueError, match="train_tokens_sha256"):
+        train(ModelConfig.preset("xs", arch="diff", n_layers=2, max_seq_len=64), cfg, tmp_path / "r",
+              make_stream(seed=5), val, resume=True)
+
+
+def test_cli_teacher_errors_are_one_line_exit_2(tmp_path, capsys):
+    args = ["train", "--arch", "diff", "--tokens", "1024", "--batch-size", "4", "--seq-len", "32"]
+    assert main([*args, "--preset", "xs", "--out", str(tmp_path / "a"), "--teacher", str(tmp_path / "none")]) == 2
+    assert main([*args, "--preset", "tiny", "--out", str(tmp_path / "b"),
+                 "--teacher", str(stories260k_path())]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "512 tokens" in err[1]
