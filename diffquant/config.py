@@ -179,4 +179,10 @@ PRESETS: dict[str, dict] = {
     "xs": dict(vocab_size=512, d_model=64, n_layers=5, n_heads=8, n_kv_heads=4, ffn_dim=172, max_seq_len=512),
     # twice as wide, deeper (λ_init reaches 0.73 at layer 7): ≈ 1.5M parameters, same vocabulary and context
     "s": dict(vocab_size=512, d_model=128, n_layers=8, n_heads=8, max_seq_len=512),
+    # the size ladder above s (issue 37), same vocabulary and context, head_dim 64, SwiGLU 8/3·d_model, Diff's
+    # λ_init by depth as the paper (0.2 at layer 0 … 0.73 at layer 7 … 0.78 at layer 11):
+    # m ≈ 14.4M parameters, 8 layers
+    "m": dict(vocab_size=512, d_model=384, n_layers=8, n_heads=6, max_seq_len=512),
+    # l ≈ 85.3M parameters, 12 layers (GPT-2 small's width and depth)
+    "l": dict(vocab_size=512, d_model=768, n_layers=12, n_heads=12, max_seq_len=512),
 }

@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 def register(sub) -> None:
     p = sub.add_parser("train", help="train a model on the calib train split or a token corpus (resumable)")
     p.add_argument("--arch", choices=ARCHS, required=True)
-    p.add_argument("--preset", default="small", help="tiny | small | base | xs | s")
+    p.add_argument("--preset", default="small", help="tiny | small | base | xs | s | m | l")
     p.add_argument("--tokens", type=int, required=True, help="training token budget")
     p.add_argument("--out", required=True, help="run folder (state/, snapshots/, final/, branches/, train_log.json)")
     p.add_argument("--data", default=None, help="token corpus folder (from `diffquant sample`); default: the calib "
