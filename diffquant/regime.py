@@ -26,7 +26,7 @@ from .arches import ArchColumn
 from .chance import PREDICTION, above_chance
 from .checkpoint import load_checkpoint
 from .emergence import BLOCK_KEYS, CURVES, FLAT_BLOCKS, FLAT_CHANGE, has_flattened, recent_changes
-from .io import atomic_write_text
+from .io import atomic_write_text, read_json_file
 from .kinds import ATTN_LOGITS, HIDDEN, SEQUENCE
 from .plots import plot_trend as draw_trend
 from .profile import profile, token_batches
@@ -183,7 +183,19 @@ def verdict(pair: dict, table5: dict[str, dict], records: list[dict]) -> dict:
             "lambda": {arch: table5[arch]["lambda"] for arch in arms if table5[arch].get("lambda")},
             "top_sites": {arch: {kind: top_sites(table5[arch]["sites"][kind]) for kind in (ATTN_LOGITS, HIDDEN)}
                           for arch in arms},
-            "ppl_growth_4bit": growth, "versus": versus}
+            "ppl_growth_4bit": growth, "versus": versus, "memorisation": memorisation_of(pair)}
+
+
+def memorisation_of(pair: dict) -> dict[str, dict]:
+    """Each arm's memorisation check from its train log (``diffquant.stream``): whether its data was streamed,
+    and the fresh − training loss gap with its standard error where the log has one."""
+    out = {}
+    for arch, path in pair.get("train_logs", {}).items():
+        if Path(path).is_file():
+            record = read_json_file(path)
+            out[arch] = {"streamed": bool(record.get("data", {}).get("streamed")),
+                         **(record.get("memorisation") or {})}
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ over seeds
@@ -251,10 +263,22 @@ def yes_no(flag: bool) -> str:
 def gate_table(results: list[dict]) -> str:
     rows = [[r["pair"], tokens_label(r["tokens"]), _arms(r, r["logit_top1"], 1),
              _arms(r, {a: per_sequence(g) for a, g in r["ppl_growth_4bit"].items()}, 2),
-             yes_no(r["gate"]), lambda_ranges(r.get("lambda", {}))] for r in results]
+             yes_no(r["gate"]), lambda_ranges(r.get("lambda", {})), memorisation_cell(r.get("memorisation", {}))]
+            for r in results]
     header = ["pair", "tokens", "logit top-1", "ppl × at 4-bit logits, per sequence",
-              f"gate (T top-1 ≥ {GATE_LOGIT_TOP1:g}, T ppl × ≥ {GATE_PPL_FACTOR:g})", "Diff λ over layers"]
+              f"gate (T top-1 ≥ {GATE_LOGIT_TOP1:g}, T ppl × ≥ {GATE_PPL_FACTOR:g})", "Diff λ over layers",
+              "memorisation: fresh − training loss (nats/token)"]
     return render(header, rows)
+
+
+def memorisation_cell(memo: dict[str, dict]) -> str:
+    """"streamed: none by construction" (with the measured gaps) when every arm was streamed; the arms' gaps
+    ± standard error otherwise; "not measured" without checks."""
+    gaps = " / ".join(f"{ARCH_SHORT[a]} {m['gap']:.3f} ± {fmt(m.get('se'), 3)}" for a, m in memo.items()
+                      if "gap" in m)
+    if memo and all(m["streamed"] for m in memo.values()):
+        return "streamed: none by construction" + (f" ({gaps})" if gaps else "")
+    return gaps or "not measured"
 
 
 def lambda_ranges(lambdas: dict[str, list[float]]) -> str:

@@ -331,9 +331,9 @@ def test_diff_lambdas_are_each_layers_lambda_and_the_gate_table_gives_their_rang
               "ppl_growth_4bit": {"transformer": {SEQUENCE: 3.0}, "diff": {SEQUENCE: 2.0}},
               "checkpoints": {"transformer": "t", "diff": "d"}, "lambda": {"diff": lambdas}}
     assert f"D {lambdas[1]:.2f} … {lambdas[0]:.2f} (< 0: L1)" in regime.gate_table([result])
-    in_range = regime.gate_table([{**result, "lambda": {"diff": lambdas[:1]}}]).splitlines()[-1].split("|")[-2]
+    in_range = regime.gate_table([{**result, "lambda": {"diff": lambdas[:1]}}]).splitlines()[-1].split("|")[-3]
     assert in_range.strip() == f"D {lambdas[0]:.2f} … {lambdas[0]:.2f}"
-    assert regime.gate_table([{**result, "lambda": {}}]).splitlines()[-1].split("|")[-2].strip() == "-"
+    assert regime.gate_table([{**result, "lambda": {}}]).splitlines()[-1].split("|")[-3].strip() == "-"
 
 
 def test_verdicts_adds_lambda_to_table5_records_saved_without_it(tmp_path, verdicts_script):
