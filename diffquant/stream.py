@@ -1,12 +1,15 @@
 """Streamed training data: exact teacher stories drawn on demand, never stored, never cycled.
 
 A :class:`TokenStream` draws stories from a teacher with the exact sampler of :mod:`diffquant.sample` (float64
-teacher and softmax, temperature 1) and cuts them into training windows of ``seq_len + 1`` tokens. Steps come in
-blocks of ``steps_per_block``; block ``b`` is drawn with a generator seeded by a hash of (purpose, seed, b) alone,
-so the windows of step ``s`` are a function of (teacher, seed, s) and the stream's settings: two runs from one
-seed see the same tokens, a resumed run redraws exactly the block it stopped in, and a Transformer/Diff pair on
-one seed is a paired comparison. With ``steps_per_block = 1`` every step has its own generator; larger blocks let
-the teacher decode hundreds of stories at once, which is what makes sampling fast (``experiments/bench_stream.py``).
+teacher and softmax, temperature 1) and cuts them into training windows of ``seq_len + 1`` tokens, numbered from 0;
+step ``s`` of a run with batch ``B`` trains on windows ``s·B … s·B + B − 1``. Windows come in blocks of
+``windows_per_block``; block ``b`` is drawn with a generator seeded by a hash of (purpose, seed, b) alone, so the
+windows of step ``s`` are a function of (teacher, seed, s) and the stream's settings: two runs from one seed see the
+same tokens, a resumed run redraws exactly the block it stopped in, and a Transformer/Diff pair on one seed is a
+paired comparison. The batch size is not part of the stream, so runs at batch 16 and 128 on one seed read the same
+windows in the same order (the steps-vs-tokens control). A block as small as one step gives every step its own
+generator; larger blocks let the teacher decode hundreds of stories at once, which is what makes sampling fast
+(``experiments/bench_stream.py``).
 
 Fresh stories (purpose ``"fresh"``) come from generators no training step uses: they measure memorisation,
 the per-token loss on fresh stories minus that on stories the model trained on (:func:`memorisation_check`).
@@ -72,21 +75,22 @@ class TokenStream:
                              f"got {max_len}")
         self.seed, self.batch_size, self.seq_len = seed, batch_size, seq_len
         self.max_len, self.draw_batch = max_len, draw_batch
-        self.steps_per_block = max(1, block_tokens // (batch_size * seq_len))
+        self.windows_per_block = max(1, block_tokens // seq_len)
         self.bos_id = self.tokenizer.bos_id
         self.stop_ids = sorted({i for i in (self.tokenizer.eos_id, self.tokenizer.bos_id) if i is not None})
         self.identity = {
             "format": STREAM_FORMAT, "teacher_sha256": file_sha256(_weights_file(self.teacher_path)),
-            "tokenizer_sha256": file_sha256(self.tokenizer.path), "seed": seed, "batch_size": batch_size,
+            "tokenizer_sha256": file_sha256(self.tokenizer.path), "seed": seed,
             "seq_len": seq_len, "max_len": max_len, "draw_batch": draw_batch,
-            "steps_per_block": self.steps_per_block, "bos_id": self.bos_id, "stop_ids": self.stop_ids,
+            "windows_per_block": self.windows_per_block, "bos_id": self.bos_id, "stop_ids": self.stop_ids,
             "precision": str(PRECISION).removeprefix("torch."),
         }
         self.identity_sha256 = hashlib.sha256(json.dumps(self.identity, sort_keys=True).encode()).hexdigest()
         self.cache_dir = Path(cache_dir) if cache_dir else None
-        self._block: tuple[int, np.ndarray] | None = None
+        self._blocks: dict[int, np.ndarray] = {}  # the last two drawn: a step can straddle two blocks
         self.keep_steps: set[int] = set()  # steps whose windows are kept for the memorisation check
         self.kept: dict[int, np.ndarray] = {}
+        self._fresh: dict[int, np.ndarray] = {}
         self.tokens_drawn = 0
         self.seconds_drawing = 0.0
 
@@ -96,7 +100,8 @@ class TokenStream:
 
     def provenance(self) -> dict:
         """What a train log records about the data: the stream's settings and the hash standing for its tokens."""
-        return {"streamed": True, "stream": {**self.identity, "teacher": str(self.teacher_path)},
+        return {"streamed": True, "stream": {**self.identity, "teacher": str(self.teacher_path),
+                                             "batch_size": self.batch_size},
                 "train_tokens_sha256": self.identity_sha256}
 
     # -- drawing ------------------------------------------------------------------------------------------
@@ -120,24 +125,27 @@ class TokenStream:
         return ids[starts[:, None] + np.arange(self.seq_len + 1)]
 
     def block(self, index: int) -> np.ndarray:
-        """The windows of block ``index`` (steps_per_block · batch_size rows), drawn or read from the cache."""
-        if self._block is not None and self._block[0] == index:
-            return self._block[1]
+        """The windows of block ``index`` (windows_per_block rows), drawn or read from the cache."""
+        if index in self._blocks:
+            return self._blocks[index]
         path = self.cache_dir / f"stream-{self.identity_sha256[:16]}-{index:07d}.npy" if self.cache_dir else None
         if path is not None and path.is_file():
             windows = np.load(path, allow_pickle=False).astype(np.int64)
         else:
-            windows = self.draw_windows("train", index, self.steps_per_block * self.batch_size)
+            windows = self.draw_windows("train", index, self.windows_per_block)
             if path is not None:
                 with atomic_path(path) as tmp:
                     np.save(tmp, windows.astype(np.uint16 if self.vocab_size <= 1 << 16 else np.int32))
-        self._block = (index, windows)
+        self._blocks = {i: w for i, w in self._blocks.items() if i == index - 1}
+        self._blocks[index] = windows
         return windows
 
     def windows_at(self, step: int) -> np.ndarray:
         """The batch_size windows of training step ``step``."""
-        index, row = divmod(step, self.steps_per_block)
-        windows = self.block(index)[row * self.batch_size:(row + 1) * self.batch_size]
+        first, last = step * self.batch_size, (step + 1) * self.batch_size  # window numbers [first, last)
+        per = self.windows_per_block
+        windows = np.concatenate([self.block(b)[max(first - b * per, 0):last - b * per]
+                                  for b in range(first // per, (last - 1) // per + 1)])
         if step in self.keep_steps:
             self.kept[step] = windows
         return windows
@@ -151,8 +159,10 @@ class TokenStream:
         return np.concatenate([self.kept[s] if s in self.kept else self.windows_at(s) for s in steps])
 
     def fresh_windows(self, n_windows: int) -> np.ndarray:
-        """Windows of stories no training step draws (purpose "fresh")."""
-        return self.draw_windows("fresh", 0, n_windows)
+        """Windows of stories no training step draws (purpose "fresh"; kept, since every check asks the same)."""
+        if n_windows not in self._fresh:
+            self._fresh[n_windows] = self.draw_windows("fresh", 0, n_windows)
+        return self._fresh[n_windows]
 
 
 def check_steps(total_steps: int, count: int = CHECK_STEPS) -> list[int]:

@@ -18,9 +18,9 @@ from diffquant.train import TrainConfig, train
 SEQ, BATCH, MAX_LEN = 32, 4, 48
 
 
-def make_stream(seed=0, **kw) -> TokenStream:
+def make_stream(seed=0, batch_size=BATCH, **kw) -> TokenStream:
     kw = {"max_len": MAX_LEN, "draw_batch": 8, "block_tokens": 2 * BATCH * SEQ, **kw}
-    return TokenStream(stories260k_path(), seed, BATCH, SEQ, **kw)
+    return TokenStream(stories260k_path(), seed, batch_size, SEQ, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -31,16 +31,24 @@ def stream():
 def test_windows_are_the_exact_samplers_stories_cut_in_order(stream):
     gen = torch.Generator().manual_seed(stream_seed("train", 0, 1))
     ids = []
-    while sum(map(len, ids)) < stream.steps_per_block * BATCH * SEQ + 1:
+    while sum(map(len, ids)) < stream.windows_per_block * SEQ + 1:
         ids += sample_stories(stream.model, 8, gen, stream.bos_id, stream.stop_ids, MAX_LEN)
     ids = np.concatenate(ids)
     block = stream.block(1)
-    assert stream.steps_per_block == 2 and block.shape == (2 * BATCH, SEQ + 1)
+    assert stream.windows_per_block == 2 * BATCH and block.shape == (2 * BATCH, SEQ + 1)
     for i, row in enumerate(block):  # consecutive windows share their boundary token
         np.testing.assert_array_equal(row, ids[i * SEQ:i * SEQ + SEQ + 1])
     x, y = stream.batch(3)  # step 3 is block 1's second step
     np.testing.assert_array_equal(x.numpy(), block[BATCH:, :-1])
     np.testing.assert_array_equal(y.numpy(), block[BATCH:, 1:])
+
+
+def test_a_step_straddling_two_blocks_and_other_batch_sizes_read_the_same_windows(stream):
+    odd = make_stream(batch_size=3)  # windows 3..5 of step 1: block 0's last two, block 1's first
+    both = np.concatenate([stream.block(0), stream.block(1)])
+    np.testing.assert_array_equal(odd.windows_at(1), both[3:6])
+    np.testing.assert_array_equal(odd.windows_at(2), both[6:9])
+    assert odd.identity == stream.identity
 
 
 def test_steps_purposes_and_seeds_draw_different_stories(stream):

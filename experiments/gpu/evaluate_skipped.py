@@ -1,6 +1,7 @@
 """Evaluate on the CPU the pair the H200 run's time guard skipped (xs-s1-100M), with run_gpu.py's protocol.
 
-    nice python experiments/gpu/evaluate_skipped.py --run /tmp/h200 --out experiments/results/gpu/2026-12-04-h200/cpu-eval
+    nice python experiments/gpu/evaluate_skipped.py --run /tmp/h200 \
+        --out experiments/results/gpu/2026-12-04-h200/cpu-eval
 
 ``--run``: the H200 outputs with ``results.tgz`` and ``ckpt.tgz`` unpacked into one folder (``cooled/``,
 ``corpus/``, ``pairs.json``, ``table5/``, ``figure8/``). The pair's two cooled checkpoints are profiled on the
