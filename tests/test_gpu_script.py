@@ -25,7 +25,7 @@ def dry_run(script, tmp_path_factory):
 
 def expected_pairs(script) -> set[str]:
     plan = script.DRY
-    return {f"{g.preset}-s{g.seed}-{script.tokens_label(b)}" for g in plan.groups for b in g.budgets}
+    return {f"{g.label}-s{g.seed}-{script.tokens_label(b)}" for g in plan.groups for b in g.budgets}
 
 
 @pytest.mark.slow
@@ -33,8 +33,8 @@ def test_dry_run_samples_trains_and_evaluates_every_pair(script, dry_run):
     out, summary = dry_run
     assert summary["device"] == "cpu" and summary["times_s"]["total"] > 0
     assert summary["skipped_by_time_guard"] == [] and summary["diverged"] == []
-    assert summary["corpus"]["shards"] == 3
-    assert json.loads((out / "corpus" / "manifest.json").read_text())["device"] == "cpu"
+    assert summary["sampling"]["tokens_drawn"] > 0 and summary["sampling"]["blocks_cached"] >= 1
+    assert not (out / "corpus").exists()  # streamed: no corpus phase
     pairs = json.loads((out / "pairs.json").read_text())
     assert {p["pair"] for p in pairs} == set(summary["gate"]) == expected_pairs(script)
     for pair in pairs:
@@ -48,9 +48,10 @@ def test_dry_run_samples_trains_and_evaluates_every_pair(script, dry_run):
                  "summary.json", "emergence.md"):
         assert (out / name).stat().st_size > 0
     blocks = json.loads((out / "emergence.json").read_text())
-    assert set(blocks) == {"xs-s0", "xs-s1", "s-s0"}  # seed 0's two groups share one stable run
+    assert set(blocks) == {"xs-s0", "xs-l0.8-s0", "xs-b4-s0", "xs-s1", "s-s0", "m-s0"}  # xs-s0: two groups, one run
     assert len(blocks["xs-s0"]) > 1 and blocks["xs-s0"][0]["points"] >= script.DRY.block_points
-    assert set(summary["zeroshot_above_chance"]) == {"xs-s0-8.19K", "s-s0-2.05K"}  # each size's best-trained
+    best = {"xs-s0-8.19K", "xs-l0.8-s0-2.05K", "xs-b4-s0-1.02K", "s-s0-2.05K", "m-s0-1.02K"}
+    assert set(summary["zeroshot_above_chance"]) == best  # each label's best-trained
     tests = json.loads((out / "zeroshot.json").read_text())[0]["tests"]
     assert {(t["task"], t["n"]) for t in tests} == {("copa", 8)} and len(tests) == 4
 
@@ -107,4 +108,40 @@ def test_a_rerun_reuses_the_corpus_the_runs_and_the_records(script, dry_run):
     again = script.main(["--dry-run", "--out", str(out)])
     assert again["train_tokens_per_s_last_stretch"] == {}  # nothing was left to train
     assert again["pairs_evaluated"] == first["pairs_evaluated"] and again["gate"] == first["gate"]
-    assert again["corpus"]["tokens"] == first["corpus"]["tokens"]
+    assert again["sampling"]["tokens_drawn"] == 0  # nothing trained, nothing drawn
+    assert again["sampling"]["blocks_cached"] == first["sampling"]["blocks_cached"]
+
+
+@pytest.mark.slow
+def test_every_run_is_streamed_and_the_controls_share_what_they_should(script, dry_run):
+    out, _ = dry_run
+    pairs = {p["pair"]: p for p in json.loads((out / "pairs.json").read_text())}
+    for pair in pairs.values():
+        for memo in pair["memorisation"].values():
+            assert memo["streamed"] and memo["note"] == "streamed: none by construction" and memo["se"] > 0
+    # the λ_init-0.8 arm is set against the scheduled group's own Transformer
+    lam, plain = pairs["xs-l0.8-s0-2.05K"], pairs["xs-s0-2.05K"]
+    assert lam["checkpoints"]["transformer"] == plain["checkpoints"]["transformer"]
+    config = json.loads((Path(lam["checkpoints"]["diff"]) / "config.json").read_text())
+    assert config["lambda_init"] == 0.8
+    # steps-vs-tokens: batch 4 to the same optimizer steps as the batch-8 pair, half the tokens, same stream
+    control = pairs["xs-b4-s0-1.02K"]
+    logs = {name: json.loads(Path(p["train_logs"]["transformer"]).read_text()) for name, p in
+            (("control", control), ("plain", plain))}
+    assert logs["control"]["step"] == logs["plain"]["step"] and control["tokens"] * 2 == plain["tokens"]
+    streams = {name: log["data"]["stream"] for name, log in logs.items()}
+    assert streams["control"]["batch_size"] == 4 and streams["plain"]["batch_size"] == 8
+    assert logs["control"]["data"]["train_tokens_sha256"] == logs["plain"]["data"]["train_tokens_sha256"]
+
+
+def test_the_full_plan_fits_a_window_and_names_every_rate(script):
+    plan = script.FULL
+    assert plan.time_limit_s <= 570 and plan.device == "cuda" and plan.bf16
+    assert [g.label for g in plan.groups[:5]] == ["m", "s", "xs", "xs-l0.8", "xs-b16"]
+    assert {g.seed for g in plan.groups} == {0, 1, 2} and plan.groups[-1].preset == "l"
+    for group in plan.groups:
+        for arch in script.ARCHS:
+            assert f"{group.preset}/{arch}" in plan.guess_tokens_per_s
+    control, plain = plan.groups[4], plan.groups[2]
+    assert [script.branch_step(b, plan, control) for b in control.budgets] == \
+        [script.branch_step(b, plan, plain) for b in plain.budgets]  # the same optimizer steps

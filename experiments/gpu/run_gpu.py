@@ -1,69 +1,67 @@
-"""The outlier-regime protocol (issues 11 and 13) on one H200 in at most 12 minutes, or on the CPU at toy sizes.
+"""The outlier-regime protocol (issues 11, 13, 37) on one GPU in calls of at most 9.5 minutes, or on the CPU at
+toy sizes.
 
-    python experiments/gpu/run_gpu.py --out experiments/results/gpu            # one H200: ≤ 12 minutes
-    python experiments/gpu/run_gpu.py --dry-run --out /tmp/gpu-dry             # CPU, toy sizes (tested in CI)
+    python experiments/gpu/run_gpu.py --out experiments/results/gpu/NEXT     # one GPU: ≤ 9.5 min, rerun to go on
+    python experiments/gpu/run_gpu.py --dry-run --out /tmp/gpu-dry           # CPU, toy sizes (tested in CI)
 
-``--time-limit S`` scales every phase deadline (default 690 s, leaving time to start Python and CUDA within 12
-minutes); ``--lr`` sets the peak learning rate. Rerunning on the same ``--out`` resumes: the corpus shards, the
-stable runs, the cooled pairs and the sweep records already there are reused.
+``--time-limit S`` scales every phase deadline (default 540 s, leaving ~30 s to start Python and CUDA within 9.5
+minutes); ``--lr`` sets the peak learning rate; ``--compile`` wraps each training forward in ``torch.compile``
+(opt-in: unmeasured on a GPU, slower on the CPU). Rerunning on the same ``--out`` resumes: the stream's drawn
+blocks, the stable runs, the cooled pairs and the sweep records already there are reused, so a plan longer than one
+window is worked through call by call.
 
 Steps (each phase has a deadline; the script stops gracefully and evaluates whatever exists):
 
-1. **Teacher corpus**: exact ancestral samples of stories260K (float64 teacher on the GPU, 4096 stories at once),
-   shard by shard (``OUT/corpus``), until the planned size or the corpus deadline; the first shard is always drawn.
-2. **Training**: matched Transformer/Diff pairs on the corpus — xs with seeds 0, 1, 2, s with seed 0, then xs
-   seed 0 extended — bf16 autocast, stories260K's recipe (β2 0.99, weight decay 0.01) at batch 128 × 512, a
+1. **Data: streamed, never cycled** (``diffquant.stream``). Every run trains on exact ancestral samples of
+   stories260K (float64 teacher on the GPU, ``sample_batch`` stories decoded at once) drawn block by block as
+   training reaches them; block ``b`` of seed ``S`` comes from a generator seeded by (S, b) alone and is kept in
+   ``OUT/stream`` so every run of seed S (both arms, every size, batch 16 and 128, the λ_init 0.8 arm) reads the
+   same windows without sampling them again. No corpus phase; no run sees a token twice.
+2. **Training**: per group a Transformer and a Diff arm (or, for a λ_init-0.8 group, a constant-λ Diff arm set
+   against the group's Transformer, which is the scheduled group's own run) — bf16 autocast, fused AdamW,
+   stories260K's recipe (β2 0.99, weight decay 0.01) at batch 128 × 512 unless the group says otherwise, a
    warm-up–stable–decay schedule: the stable run (``OUT/stable/NAME``) trains in chunks, the two arms
-   alternately so both always stand at the same step; at each branch point its state is kept
-   (``branches/stepN``) and both arms cool down from it for 20 % more steps (``OUT/cooled/NAME-BUDGET``), so
-   one stable run gives pairs at several budgets (30M / 100M tokens; 250M for xs seed 0). Outliers are tracked
-   every ``track_every`` steps (``train_log.json``). Before each chunk and cooldown the guard estimates its time
-   from the throughput measured so far and skips what would pass the training deadline; a pair group with no
-   cooled pair then contributes its latest stable pair (marked ``stable``, not cooled).
+   alternately so both always stand at the same step; at each branch point its state is kept (``branches/stepN``)
+   and both arms cool down from it for 20 % more steps (``OUT/cooled/NAME-BUDGET``), so one stable run gives
+   pairs at several budgets. Outliers are tracked every ``track_every`` steps (``train_log.json``), and each
+   finished log carries the memorisation check (fresh − training loss: none by construction, measured). Before
+   each chunk and cooldown the guard estimates its time from the throughput measured so far (sampling included)
+   and skips what would pass the training deadline; a group with no cooled pair contributes its latest stable
+   pair (marked ``stable``).
 3. **Verdicts** on every pair, largest budget of each group first, while time lasts: the Table-5 profile
    (all ~100K tokens of the real cased TinyStories held-out text, global protocol; ``table5/PAIR.json``), the
-   Figure-8 sweep of the attention logits at 16/8/6/4 bits with the three scale granularities below on
-   that text and on the held-out books (``figure8/PAIR.jsonl``), and issue 13's gate per pair: Transformer logit
-   top-1 ≥ 100 and 4-bit per-sequence logits at least doubling its TinyStories perplexity.
-4. **Outputs** under ``--out`` (``diffquant.regime.write_outputs``): ``pairs.json`` (every pair's numbers),
-   ``gate.md``, ``table5.md``, ``figure8.md``, ``seeds.md`` (per-seed Transformer/Diff ratios and 4-bit
-   degradation differences, two-sided sign tests, the trend over budgets and sizes; ``seeds.json`` the same as
-   records), ``trend.md`` / ``trend.png`` (ratios and 4-bit advantages per budget), ``emergence.md`` /
-   ``emergence.json`` (each stable run's tracked outliers in blocks, and whether they have flattened),
-   ``zeroshot.md`` / ``zeroshot.json`` (the chance check) and ``summary.json`` (plan, timings, throughput, what
-   the guard skipped).
+   Figure-8 sweep of the attention logits at 16/8/6/4 bits with the three scale granularities below on that text
+   and on the held-out books (``figure8/PAIR.jsonl``), and issue 13's gate per pair: Transformer logit top-1 ≥ 100
+   and 4-bit per-sequence logits at least doubling its TinyStories perplexity.
+4. **Outputs** under ``--out`` (``diffquant.regime.write_outputs``): ``pairs.json``, ``gate.md`` (with the
+   memorisation column), ``table5.md``, ``figure8.md``, ``seeds.md`` / ``seeds.json``, ``trend.md`` /
+   ``trend.png``, ``emergence.md`` / ``emergence.json``, ``zeroshot.md`` / ``zeroshot.json`` and
+   ``summary.json`` (plan, timings, sampling and training throughput, what the guard skipped).
 
 Granularities: issue 13's three — "tensor" (one scale per sequence; both Diff maps share it), "head" (per
-sequence and head; both maps of a Diff head share it) and "head_map" (per head and Diff map, which equals the
-Transformer's per-head scale). Zero-shot: each size's best-trained pairs are scored unquantized on
-``regime.ZEROSHOT_TASKS`` and swept only on the tasks where every arm is above chance (``diffquant.chance``;
-``zeroshot.md``, ``zeroshot/PAIR.jsonl``) — on the CPU no 84M-token xs pair was.
+sequence and head) and "head_map" (per head and Diff map). Zero-shot: each size's best-trained pairs are scored
+unquantized on ``regime.ZEROSHOT_TASKS`` and swept only on the tasks where every arm is above chance.
 
-Planned sizes (no GPU was available when this was written; every number below is an estimate, and the guard
-keeps the script inside 12 minutes whatever the real speed):
+The plan (issue 37), **planned from one H200's measurements** (2026-12-04, ``experiments/results/gpu/2026-12-04-h200``;
+only the xs and sampling rates were measured, the others are estimates and the guard keeps each call inside its
+limit whatever the real speed):
 
-* Sampling: per decode step the float64 teacher (260K parameters, 5 layers) runs ~150 small kernels plus two
-  host syncs, ~2-3 ms at 4096 rows (the KV cache read is ~2.7 GB at an average length of 256, ~0.8 ms of HBM
-  time). A 4096-story batch decodes ≤ 512 steps (~1.3 s) and yields ~1.5M tokens (stories average ~365 tokens):
-  ~1M tokens/s. The plan asks 8 shards of 2^24 = 134M tokens (~2 minutes), capped by a 131-second deadline.
-  Training then reuses the corpus: ≤ 2 epochs for the longest run (250M), < 1 for the others.
-* Training FLOPs are no guide at this size: xs needs ~2.5 MFLOP per token (6N plus attention), 1B tokens only
-  2.5 PFLOP, seconds at H200 rates. What bounds it is memory traffic (~135 KB per token for fwd+bwd in bf16 with
-  fp32 residuals: ~20M tokens/s at full HBM bandwidth) and per-op launch overhead (~800 kernels per step). At
-  128 × 512 = 65K tokens a step, the guess is xs ≈ 4M tokens/s (Transformer) and 3.2M (Diff, more elementwise
-  work), s ≈ 1.7M / 1.4M. Budgets: xs pairs to 30M and 100M for three seeds (3 × 2 × 105M tokens ≈ 180 s),
-  the s pair to 100M (2 × 105M ≈ 140 s), then xs seed 0 on to 250M (2 × 167M ≈ 95 s): ~1.15B training tokens in
-  ~410 s, the training deadline being 538 s after start. The cheapest gated-pair candidates come first, the
-  extra seeds before the long run, so a slower machine loses the 250M point, not the seeds.
-* Evaluation: profiling 100K tokens and 14 sweep cells of ≤ 100K tokens per checkpoint take seconds on the GPU;
-  ~18 checkpoints in ~2 minutes (the evaluation deadline is 669 s after the start).
-* Peak learning rate 3e-3: in part 1's sweep (xs, batch 16 × 512, still running when this was written) the
-  Transformer's logit top-1 grew faster at 3e-3 than at 1e-3; at 8× that batch 3e-3 is, if anything, on the
-  safe side. The s preset stays at 3e-3 too: on the CPU (batch 16) its Transformer did not gate at 3e-3 (logit
-  top-1 ~58 to 41M tokens) nor at 6e-3 (60-75 to 11M), and at 6e-3 and 1e-2 Diff's logits ran away (525 and
-  1,947 by 4.2M tokens) with its λ sinking towards 0 (6e-3) or below it (1e-2; RESULTS.md, run 3), so a higher
-  rate for s buys a broken Diff, not a gated pair. A diverged run is recorded in ``summary.json`` and its group
-  stops; ``--lr`` overrides the value.
+* Sampling 312K tokens/s (measured: float64 teacher, 4096 stories at once). Streaming pays it once per seed and
+  token, shared by every run of that seed, so a window's first ~60M tokens of a new seed cost ~190 s.
+* Training at batch 128 × 512, bf16: xs 1.90M (Transformer) / 1.40M (Diff) tokens/s (measured, unfused AdamW;
+  fused AdamW now). At this size a step is bound by ~800 kernel launches (34.5 / 46.8 ms per step), not FLOPs, so
+  the launch-bound step time is scaled by depth (8 / 5 for s and m, 12 / 5 for l) and set against the FLOP-bound
+  time at 250 TFLOP/s (6 N + 12 · layers · 512 · d_model per token): s ≈ 1.2M / 0.87M, m ≈ 1.2M / 0.87M
+  (launch-bound still), l ≈ 0.44M / 0.42M tokens/s (FLOP-bound). Batch 16 at xs: the same per-step time at 1/8
+  the tokens, ~0.24M / 0.17M tokens/s.
+* Order (issue 37, item 3), by seed so each seed's stream is drawn once: seed 0 — m to 30M and 60M (the size
+  that should reach the gate inside one window), s, xs, xs with λ_init 0.8 (Diff arm only), and the
+  steps-vs-tokens control (xs at batch 16 to the same optimizer steps as the batch-128 pairs: 1/8 the tokens);
+  then seeds 1 and 2 the same; then l seed 0 to 30M. One window holds about seed 0's m and xs groups; the rest
+  follows call by call.
+* Peak learning rate 3e-3 for every size (``--lr`` overrides): at 8× the CPU campaign's batch it is, if
+  anything, on the safe side for xs; for m and l it is a guess, and a diverged run is recorded in
+  ``summary.json`` and its group stops.
 """
 
 from __future__ import annotations
@@ -73,7 +71,6 @@ import dataclasses
 import json
 import logging
 import shutil
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,7 +80,7 @@ import torch
 
 from diffquant.checkpoint.gguf import stories260k_path
 from diffquant.config import ModelConfig
-from diffquant.corpus import heldout_ids, load_corpus
+from diffquant.corpus import heldout_ids
 from diffquant.emergence import block_means
 from diffquant.io import atomic_write_text
 from diffquant.records import read_records
@@ -99,8 +96,8 @@ from diffquant.regime import (
     write_zeroshot,
     zeroshot_check,
 )
-from diffquant.sample import sample_corpus
-from diffquant.tokenizer import Tokenizer
+from diffquant.stream import TokenStream
+from diffquant.tokenizer import tokenizer_file_name, tokenizer_for
 from diffquant.train import TrainConfig, TrainingDiverged, train
 
 log = logging.getLogger("run_gpu")
@@ -111,22 +108,37 @@ NO_DECAY = 10**9  # the stable run's decay_start: each cooldown branch sets its 
 
 @dataclass(frozen=True)
 class Group:
-    """A matched pair trained on one seed; ``budgets``: training tokens of the cooled pairs it yields."""
+    """A matched pair trained on one seed; ``budgets``: training tokens of the cooled pairs it yields.
+    ``batch_size``: the group's own batch (None: the plan's); ``lambda_init``: a constant λ_init for the Diff
+    arm, set against the scheduled group's Transformer (the same run)."""
 
     preset: str
     seed: int
     budgets: tuple[int, ...]
+    batch_size: int | None = None
+    lambda_init: float | None = None
+
+    def tag(self, arch: str = "diff") -> str:
+        """What sets the group's runs apart from the plain ones: b16 (batch), l0.8 (λ_init; Diff only)."""
+        parts = [f"b{self.batch_size}"] if self.batch_size else []
+        if self.lambda_init is not None and arch == "diff":
+            parts.append(f"l{self.lambda_init:g}")
+        return "".join(f"-{p}" for p in parts)
+
+    @property
+    def label(self) -> str:
+        """The group's name in the verdict files (its "preset": seeds pool within a label, never across)."""
+        return self.preset + self.tag()
 
 
 @dataclass(frozen=True)
 class Plan:
     device: str
     bf16: bool
-    time_limit_s: float  # the whole script; phase deadlines are fractions of it
-    corpus_tokens: int
-    shard_tokens: int
-    sample_batch: int
+    time_limit_s: float  # the whole call; phase deadlines are fractions of it
+    sample_batch: int  # stories the teacher decodes at once
     sample_max_len: int
+    block_tokens: int  # tokens per drawn stream block
     batch_size: int
     seq_len: int
     lr: float
@@ -135,7 +147,8 @@ class Plan:
     track_every: int
     eval_tokens: int
     groups: tuple[Group, ...]  # in order of work
-    guess_tokens_per_s: dict  # "preset/arch" -> throughput assumed until one is measured
+    guess_tokens_per_s: dict  # "preset/arch" -> training throughput at batch_size, assumed until one is measured
+    guess_sample_tokens_per_s: float  # the teacher's, assumed until measured
     sweep_limits: dict  # perplexity task -> windows (None: all)
     profile_tokens: int | None  # None: the whole held-out text
     eval_batch: int = 32
@@ -144,8 +157,8 @@ class Plan:
     beta2: float = 0.99  # stories260K's recipe
     weight_decay: float = 0.01
     init: str = "normal"
-    corpus_seed: int = 0
-    deadlines: tuple[float, float, float] = (0.19, 0.78, 0.97)  # corpus, training, evaluation (× time limit)
+    compile: bool = False
+    deadlines: tuple[float, float] = (0.78, 0.97)  # training, evaluation (× time limit)
     threads: int | None = None  # torch CPU threads (None: torch's default)
     block_points: int = 8  # emergence.md averages blocks of this many tracking intervals
 
@@ -155,20 +168,34 @@ class Plan:
 
 
 M = 1_000_000
+B16 = 16
+
+
+def ladder(seed: int, budgets: tuple[int, ...], plan_batch: int) -> tuple[Group, ...]:
+    """One seed's groups in order of work: m, s, xs, xs with λ_init 0.8, xs at batch 16 to the same steps."""
+    steps_matched = tuple(b * B16 // plan_batch for b in budgets)
+    return (Group("m", seed, budgets), Group("s", seed, budgets), Group("xs", seed, budgets),
+            Group("xs", seed, budgets, lambda_init=0.8), Group("xs", seed, steps_matched, batch_size=B16))
+
+
 FULL = Plan(
-    device="cuda", bf16=True, time_limit_s=690, corpus_tokens=8 << 24, shard_tokens=1 << 24, sample_batch=4096,
-    sample_max_len=512, batch_size=128, seq_len=512, lr=3e-3, warmup_steps=100, chunk_steps=500, track_every=100,
-    eval_tokens=65536,
-    groups=(Group("xs", 0, (30 * M, 100 * M)), Group("xs", 1, (30 * M, 100 * M)), Group("xs", 2, (30 * M, 100 * M)),
-            Group("s", 0, (30 * M, 100 * M)), Group("xs", 0, (250 * M,))),
-    guess_tokens_per_s={"xs/transformer": 4.0e6, "xs/diff": 3.2e6, "s/transformer": 1.7e6, "s/diff": 1.4e6},
+    device="cuda", bf16=True, time_limit_s=540, sample_batch=4096, sample_max_len=512, block_tokens=1 << 23,
+    batch_size=128, seq_len=512, lr=3e-3, warmup_steps=100, chunk_steps=500, track_every=100, eval_tokens=65536,
+    groups=(*ladder(0, (30 * M, 60 * M), 128), *ladder(1, (30 * M, 60 * M), 128), *ladder(2, (30 * M, 60 * M), 128),
+            Group("l", 0, (30 * M,))),
+    guess_tokens_per_s={"xs/transformer": 1.9e6, "xs/diff": 1.4e6, "s/transformer": 1.2e6, "s/diff": 0.87e6,
+                        "m/transformer": 1.2e6, "m/diff": 0.87e6, "l/transformer": 0.44e6, "l/diff": 0.42e6},
+    guess_sample_tokens_per_s=312e3,
     sweep_limits={"tinystories": None, "test": 200}, profile_tokens=None)
 DRY = Plan(
-    device="cpu", bf16=False, time_limit_s=600, corpus_tokens=3 * 4096, shard_tokens=4096, sample_batch=32,
-    sample_max_len=128, batch_size=4, seq_len=64, lr=3e-3, warmup_steps=2, chunk_steps=8, track_every=4,
-    eval_tokens=512,
-    groups=(Group("xs", 0, (2048, 4096)), Group("xs", 1, (4096,)), Group("s", 0, (2048,)), Group("xs", 0, (8192,))),
-    guess_tokens_per_s={"xs/transformer": 1e4, "xs/diff": 8e3, "s/transformer": 4e3, "s/diff": 3e3},
+    device="cpu", bf16=False, time_limit_s=600, sample_batch=16, sample_max_len=96, block_tokens=4096,
+    batch_size=8, seq_len=64, lr=3e-3, warmup_steps=2, chunk_steps=8, track_every=4, eval_tokens=512,
+    groups=(Group("xs", 0, (2048, 4096)), Group("xs", 0, (2048,), lambda_init=0.8),
+            Group("xs", 0, (1024,), batch_size=4), Group("xs", 1, (4096,)), Group("s", 0, (2048,)),
+            Group("xs", 0, (8192,)), Group("m", 0, (1024,))),
+    guess_tokens_per_s={"xs/transformer": 1e4, "xs/diff": 8e3, "s/transformer": 4e3, "s/diff": 3e3,
+                        "m/transformer": 2e3, "m/diff": 2e3},
+    guess_sample_tokens_per_s=2e3,
     sweep_limits={"tinystories": 1}, profile_tokens=2048, eval_batch=8, zeroshot_tasks={"copa": 8},
     block_points=2,
     threads=1)  # more threads than idle cores makes torch's CPU kernels crawl (100x seen on a busy 2-core box)
@@ -181,7 +208,7 @@ class Clock:
 
     def __init__(self, plan: Plan):
         self.start = time.monotonic()
-        self.corpus_until, self.train_until, self.eval_until = (f * plan.time_limit_s for f in plan.deadlines)
+        self.train_until, self.eval_until = (f * plan.time_limit_s for f in plan.deadlines)
 
     def elapsed(self) -> float:
         return time.monotonic() - self.start
@@ -192,10 +219,29 @@ class Clock:
 
 @dataclass
 class Data:
-    train: np.ndarray
+    """The teacher's streams (one per seed and batch size; they share ``OUT/stream``) and the validation text."""
+
     val: np.ndarray
     files: dict
-    provenance: dict
+    plan: Plan
+    cache: Path
+    streams: dict = field(default_factory=dict)
+
+    def stream(self, seed: int, batch_size: int) -> TokenStream:
+        key = (seed, batch_size)
+        if key not in self.streams:
+            self.streams[key] = TokenStream(
+                stories260k_path(), seed, batch_size, self.plan.seq_len, max_len=self.plan.sample_max_len,
+                draw_batch=self.plan.sample_batch, block_tokens=self.plan.block_tokens, device=self.plan.device,
+                cache_dir=self.cache)
+        return self.streams[key]
+
+    def sampling(self) -> dict:
+        drawn = sum(s.tokens_drawn for s in self.streams.values())
+        seconds = sum(s.seconds_drawing for s in self.streams.values())
+        return {"tokens_drawn": drawn, "seconds": round(seconds, 1),
+                "tokens_per_s": round(drawn / seconds) if seconds else None,
+                "blocks_cached": len(list(self.cache.glob("stream-*.npy")))}
 
 
 @dataclass
@@ -204,16 +250,20 @@ class Context:
     out: Path
     clock: Clock
     data: Data | None = None
-    seconds_per_step: dict = field(default_factory=dict)  # "preset/arch" -> measured, overhead included
+    seconds_per_step: dict = field(default_factory=dict)  # "preset/arch/batch" -> measured, sampling included
     skipped: list = field(default_factory=list)
     diverged: list = field(default_factory=list)
     eval_seconds: dict = field(default_factory=dict)  # preset -> last pair's evaluation time
     zeroshot_seconds: float = 0.0  # the last zero-shot check's time
 
     def step_seconds(self, run: Run) -> float:
-        key = f"{run.preset}/{run.arch}"
-        guess = self.plan.tokens_per_step / self.plan.guess_tokens_per_s[key]
-        return self.seconds_per_step.get(key, guess)
+        """Measured seconds per step of the run's kind, or the plan's guess: training plus sampling any block
+        not drawn yet (an upper bound: the other arm or another size may have drawn it)."""
+        key = f"{run.preset}/{run.arch}/{run.batch_size}"
+        train = self.plan.tokens_per_step / self.plan.guess_tokens_per_s[f"{run.preset}/{run.arch}"]
+        train *= run.batch_size / self.plan.batch_size if run.batch_size < self.plan.batch_size else 1
+        sample = run.batch_size * self.plan.seq_len / self.plan.guess_sample_tokens_per_s
+        return self.seconds_per_step.get(key, train + sample)
 
     def skip(self, what: str) -> None:
         log.warning("time guard: skipping %s", what)
@@ -224,14 +274,26 @@ class Context:
 class Run:
     """One arm of a group: its stable run folder and its cooled branches."""
 
-    preset: str
-    seed: int
+    group: Group
     arch: str
     root: Path
+    plan_batch: int
+
+    @property
+    def preset(self) -> str:
+        return self.group.preset
+
+    @property
+    def seed(self) -> int:
+        return self.group.seed
+
+    @property
+    def batch_size(self) -> int:
+        return self.group.batch_size or self.plan_batch
 
     @property
     def name(self) -> str:
-        return f"{self.preset}-s{self.seed}-{self.arch}"
+        return f"{self.preset}{self.group.tag(self.arch)}-s{self.seed}-{self.arch}"
 
     @property
     def stable_dir(self) -> Path:
@@ -241,7 +303,8 @@ class Run:
         return self.root / "cooled" / f"{self.name}-{tokens_label(budget)}"
 
     def model_config(self) -> ModelConfig:
-        return dataclasses.replace(ModelConfig.preset(self.preset, arch=self.arch), attn_impl="sdpa")
+        lam = {"lambda_init": self.group.lambda_init} if self.arch == "diff" and self.group.lambda_init else {}
+        return dataclasses.replace(ModelConfig.preset(self.preset, arch=self.arch), attn_impl="sdpa", **lam)
 
     def step(self) -> int:
         """The stable run's saved step (0 before its first chunk)."""
@@ -249,68 +312,62 @@ class Run:
         return json.loads(state.read_text())["step"] if state.is_file() else 0
 
 
-def branch_step(budget: int, plan: Plan) -> int:
+def group_runs(group: Group, root: Path, plan: Plan) -> list[Run]:
+    return [Run(group, arch, root, plan.batch_size) for arch in ARCHS]
+
+
+def tokens_per_step(group: Group, plan: Plan) -> int:
+    return (group.batch_size or plan.batch_size) * plan.seq_len
+
+
+def branch_step(budget: int, plan: Plan, group: Group | None = None) -> int:
     """The stable step whose cooldown (cooldown_frac more steps) ends at ``budget`` tokens."""
-    return max(1, round(budget / plan.tokens_per_step / (1 + plan.cooldown_frac)))
+    per_step = tokens_per_step(group, plan) if group else plan.tokens_per_step
+    return max(1, round(budget / per_step / (1 + plan.cooldown_frac)))
 
 
 def cooldown_steps(step: int, plan: Plan) -> int:
     return max(1, round(plan.cooldown_frac * step))
 
 
-# ------------------------------------------------------------------------------------------------ 1. corpus
+# ------------------------------------------------------------------------------------------------ 1. data
 
-def draw_corpus(ctx: Context) -> dict:
-    """Shard by shard until the planned size or the corpus deadline (at least one shard)."""
-    plan, folder = ctx.plan, ctx.out / "corpus"
-    n_shards = -(-plan.corpus_tokens // plan.shard_tokens)
-    manifest: dict = {}
-    for n in range(1, n_shards + 1):
-        if manifest and manifest["shards"][-1]["seconds"] > ctx.clock.left(ctx.clock.corpus_until):
-            ctx.skip(f"corpus shards {n - 1}..{n_shards - 1}")
-            break
-        manifest = sample_corpus(stories260k_path(), folder, tokens=n * plan.shard_tokens, seed=plan.corpus_seed,
-                                 batch_size=plan.sample_batch, max_len=plan.sample_max_len,
-                                 shard_tokens=plan.shard_tokens, command=" ".join(["python", *sys.argv]),
-                                 progress=False, device=plan.device)
-    return manifest
-
-
-def load_data(folder: Path) -> Data:
-    """The corpus (training) and the real cased TinyStories text (validation, profiles, gate)."""
-    corpus = load_corpus(folder, vocab_size=ModelConfig.preset("xs").vocab_size)
-    tokenizer = Tokenizer.load(corpus.tokenizer_path)
-    provenance = {"corpus": str(folder), "corpus_tokens": int(corpus.ids.size),
-                  "corpus_shards_sha256": [s["sha256"] for s in corpus.manifest["shards"]],
-                  "teacher_sha256": corpus.manifest.get("teacher_sha256"), "validation": "tinystories-cased"}
-    return Data(corpus.ids, heldout_ids(tokenizer), {corpus.tokenizer_path.name: corpus.tokenizer_path}, provenance)
+def load_data(plan: Plan, out: Path) -> Data:
+    """The stream factory (teacher stories260K, blocks cached in ``OUT/stream``) and the real cased TinyStories
+    text (validation, profiles, gate)."""
+    tokenizer = tokenizer_for(stories260k_path())
+    files = {tokenizer_file_name(tokenizer): Path(tokenizer.path)}
+    return Data(heldout_ids(tokenizer), files, plan, out / "stream")
 
 
 # ------------------------------------------------------------------------------------------------ 2. training
 
-def train_config(plan: Plan, seed: int, steps: int, decay_start: int = NO_DECAY) -> TrainConfig:
+def train_config(plan: Plan, run: Run, steps: int, decay_start: int = NO_DECAY) -> TrainConfig:
+    seed = run.seed
     return TrainConfig(
-        tokens=steps * plan.tokens_per_step, batch_size=plan.batch_size, seq_len=plan.seq_len, lr=plan.lr,
+        tokens=steps * run.batch_size * plan.seq_len, batch_size=run.batch_size, seq_len=plan.seq_len, lr=plan.lr,
         warmup_steps=plan.warmup_steps, schedule="wsd", decay_start=decay_start, beta2=plan.beta2,
         weight_decay=plan.weight_decay, bf16=plan.bf16, device=plan.device, seed=seed, init=plan.init,
         eval_every=plan.chunk_steps, eval_tokens=plan.eval_tokens, save_every=plan.chunk_steps, snapshots=(),
-        track_every=plan.track_every)
+        track_every=plan.track_every, compile=plan.compile)
 
 
 def timed_train(ctx: Context, run: Run, cfg: TrainConfig, out: Path, steps: int, measure: bool, **kwargs) -> None:
-    """train() one stretch; with ``measure`` remember its seconds per step (loading and saving included: stable
-    chunks are long enough for that to be a fair price, short cooldowns are not measured)."""
+    """train() one stretch; with ``measure`` remember its seconds per step (loading, saving and sampling the
+    stream included: stable chunks are long enough for that to be a fair price, short cooldowns are not
+    measured)."""
     start = time.perf_counter()
-    train(run.model_config(), cfg, out, ctx.data.train, ctx.data.val, provenance=ctx.data.provenance,
+    stream = ctx.data.stream(run.seed, run.batch_size)
+    train(run.model_config(), cfg, out, stream, ctx.data.val, provenance={"validation": "tinystories-cased"},
           files=ctx.data.files, **kwargs)
     if measure:
-        ctx.seconds_per_step[f"{run.preset}/{run.arch}"] = (time.perf_counter() - start) / steps
+        ctx.seconds_per_step[f"{run.preset}/{run.arch}/{run.batch_size}"] = (time.perf_counter() - start) / steps
 
 
 def stable_targets(group: Group, plan: Plan, start: int) -> list[int]:
     """Chunk ends from ``start`` to the last branch point: each gap between branch points split evenly."""
     targets, prev = [], start
-    for point in sorted(branch_step(b, plan) for b in group.budgets):
+    for point in sorted(branch_step(b, plan, group) for b in group.budgets):
         if point <= prev:
             continue
         pieces = -(-(point - prev) // plan.chunk_steps)
@@ -324,10 +381,10 @@ def train_stable(ctx: Context, runs: list[Run], target: int) -> bool:
     todo = [(run, target - run.step()) for run in runs if run.step() < target]
     need = sum(ctx.step_seconds(run) * steps for run, steps in todo)
     if need > ctx.clock.left(ctx.clock.train_until):
-        ctx.skip(f"{runs[0].preset}-s{runs[0].seed}: stable steps to {target} (~{need:.0f} s)")
+        ctx.skip(f"{runs[0].group.label}-s{runs[0].seed}: stable steps to {target} (~{need:.0f} s)")
         return False
     for run, steps in todo:
-        cfg = train_config(ctx.plan, run.seed, target)
+        cfg = train_config(ctx.plan, run, target)
         timed_train(ctx, run, cfg, run.stable_dir, steps, measure=True, resume=run.step() > 0)
     return True
 
@@ -342,12 +399,12 @@ def cool_down(ctx: Context, runs: list[Run], step: int, budget: int) -> dict | N
     todo = [run for run in runs if not (run.cooled_dir(budget) / "final").is_dir()]
     need = sum(ctx.step_seconds(run) * extra for run in todo)
     if need > ctx.clock.left(ctx.clock.train_until):
-        ctx.skip(f"{runs[0].preset}-s{runs[0].seed}: cooldown to {tokens_label(budget)} (~{need:.0f} s)")
+        ctx.skip(f"{runs[0].group.label}-s{runs[0].seed}: cooldown to {tokens_label(budget)} (~{need:.0f} s)")
         return None
     for run in todo:
         out = run.cooled_dir(budget)
         shutil.rmtree(out, ignore_errors=True)  # an interrupted earlier attempt
-        cfg = train_config(ctx.plan, run.seed, step + extra, decay_start=step)
+        cfg = train_config(ctx.plan, run, step + extra, decay_start=step)
         timed_train(ctx, run, cfg, out, extra, measure=False,
                     branch_from=run.stable_dir / "branches" / f"step{step:06d}")
         shutil.rmtree(out / "state")  # finished: final/ and the log are what the verdicts read
@@ -355,13 +412,14 @@ def cool_down(ctx: Context, runs: list[Run], step: int, budget: int) -> dict | N
 
 
 def cooled_pair(runs: list[Run], step: int, budget: int, plan: Plan) -> dict:
-    tokens = (step + cooldown_steps(step, plan)) * plan.tokens_per_step
+    tokens = (step + cooldown_steps(step, plan)) * runs[0].batch_size * plan.seq_len
     return pair_entry(runs, tokens_label(budget), tokens, {run.arch: run.cooled_dir(budget) for run in runs})
 
 
 def pair_entry(runs: list[Run], label: str, tokens: int, folders: dict[str, Path]) -> dict:
-    preset, seed = runs[0].preset, runs[0].seed
+    preset, seed = runs[0].group.label, runs[0].seed
     return {"pair": f"{preset}-s{seed}-{label}", "preset": preset, "seed": seed, "budget": label, "tokens": tokens,
+            "batch_size": runs[0].batch_size,
             "cooled": not label.endswith("stable"),
             "checkpoints": {arch: str(folder / "final") for arch, folder in folders.items()},
             "train_logs": {arch: str(folder / "train_log.json") for arch, folder in folders.items()}}
@@ -369,8 +427,8 @@ def pair_entry(runs: list[Run], label: str, tokens: int, folders: dict[str, Path
 
 def train_group(ctx: Context, group: Group) -> list[dict]:
     """The group's stable runs chunk by chunk (arms alternating) with cooldowns at its branch points."""
-    runs = [Run(group.preset, group.seed, arch, ctx.out) for arch in ARCHS]
-    points = {branch_step(b, ctx.plan): b for b in group.budgets}
+    runs = group_runs(group, ctx.out, ctx.plan)
+    points = {branch_step(b, ctx.plan, group): b for b in group.budgets}
     start = min(run.step() for run in runs)
     pairs = [cooled_pair(runs, step, budget, ctx.plan) for step, budget in sorted(points.items())  # a rerun
              if step <= start and all((run.cooled_dir(budget) / "final").is_dir() for run in runs)]
@@ -381,8 +439,8 @@ def train_group(ctx: Context, group: Group) -> list[dict]:
             if target in points and (pair := cool_down(ctx, runs, target, points[target])):
                 pairs.append(pair)
     except TrainingDiverged as exc:
-        log.error("%s-s%d diverged: %s", group.preset, group.seed, exc)
-        ctx.diverged.append({"group": f"{group.preset}-s{group.seed}", "error": str(exc)})
+        log.error("%s-s%d diverged: %s", group.label, group.seed, exc)
+        ctx.diverged.append({"group": f"{group.label}-s{group.seed}", "error": str(exc)})
     if not pairs:
         pairs = latest_stable_pair(runs, ctx.plan)
     return pairs
@@ -393,7 +451,7 @@ def latest_stable_pair(runs: list[Run], plan: Plan) -> list[dict]:
     steps = {run.step() for run in runs}
     if len(steps) != 1 or 0 in steps or not all((run.stable_dir / "final").is_dir() for run in runs):
         return []
-    tokens = steps.pop() * plan.tokens_per_step
+    tokens = steps.pop() * runs[0].batch_size * plan.seq_len
     return [pair_entry(runs, f"{tokens_label(tokens)}-stable", tokens, {run.arch: run.stable_dir for run in runs})]
 
 
@@ -463,13 +521,16 @@ def zeroshot_path(out: Path, pair: dict) -> Path:
 
 def emergence_blocks(ctx: Context) -> dict[str, list[dict]]:
     """Each group's stable runs: tracked top-1 in blocks of ``block_points`` (emergence.md, the flattening rule)."""
-    block = ctx.plan.block_points * ctx.plan.track_every * ctx.plan.tokens_per_step
     blocks = {}
-    for preset, seed in dict.fromkeys((g.preset, g.seed) for g in ctx.plan.groups):  # a run can serve two groups
-        logs = [Run(preset, seed, arch, ctx.out).stable_dir / "train_log.json" for arch in ARCHS]
+    groups: dict[tuple[str, int], Group] = {}
+    for g in ctx.plan.groups:  # a run can serve two groups: the first one names it
+        groups.setdefault((g.label, g.seed), g)
+    for (label, seed), group in groups.items():
+        block = ctx.plan.block_points * ctx.plan.track_every * tokens_per_step(group, ctx.plan)
+        logs = [run.stable_dir / "train_log.json" for run in group_runs(group, ctx.out, ctx.plan)]
         if all(f.is_file() for f in logs):
             transformer, diff = (json.loads(f.read_text()) for f in logs)
-            blocks[f"{preset}-s{seed}"] = block_means(transformer, diff, block)
+            blocks[f"{label}-s{seed}"] = block_means(transformer, diff, block)
     return blocks
 
 
@@ -477,13 +538,12 @@ def device_name(plan: Plan) -> str:
     return torch.cuda.get_device_name() if plan.device == "cuda" else "cpu"
 
 
-def summary(ctx: Context, times: dict, manifest: dict, pairs: list[dict], results: list[dict],
-            zeroshot: list[dict]) -> dict:
-    tokens_per_s = {key: round(ctx.plan.tokens_per_step / s) for key, s in ctx.seconds_per_step.items()}
+def summary(ctx: Context, times: dict, pairs: list[dict], results: list[dict], zeroshot: list[dict]) -> dict:
+    per_step = {key: int(key.rsplit("/", 1)[1]) * ctx.plan.seq_len / s for key, s in ctx.seconds_per_step.items()}
     return {"plan": dataclasses.asdict(ctx.plan), "device": device_name(ctx.plan), "times_s": times,
-            "corpus": {"tokens": manifest.get("tokens"), "shards": len(manifest.get("shards", [])),
-                       "tokens_per_s": [s["tokens_per_s"] for s in manifest.get("shards", [])]},
-            "train_tokens_per_s_last_stretch": tokens_per_s, "pairs_trained": [p["pair"] for p in pairs],
+            "sampling": ctx.data.sampling(),
+            "train_tokens_per_s_last_stretch": {k: round(v) for k, v in per_step.items()},
+            "pairs_trained": [p["pair"] for p in pairs],
             "pairs_evaluated": [r["pair"] for r in results], "gate": {r["pair"]: r["gate"] for r in results},
             "zeroshot_above_chance": {v["pair"]: v["above_chance"] for v in zeroshot},
             "skipped_by_time_guard": ctx.skipped, "diverged": ctx.diverged}
@@ -492,20 +552,19 @@ def summary(ctx: Context, times: dict, manifest: dict, pairs: list[dict], result
 def run(plan: Plan, out: Path) -> dict:
     ctx = Context(plan, out, Clock(plan))
     times = {}
-    manifest = draw_corpus(ctx)
-    ctx.data = load_data(out / "corpus")
-    times["corpus"] = round(ctx.clock.elapsed(), 1)
+    ctx.data = load_data(plan, out)
+    times["setup"] = round(ctx.clock.elapsed(), 1)
     pairs = train_all(ctx)
-    times["train"] = round(ctx.clock.elapsed() - times["corpus"], 1)
+    times["train"] = round(ctx.clock.elapsed() - times["setup"], 1)
     results, table5 = evaluate_all(ctx, pairs)
     note = "" if results else "No pair was evaluated (see summary.json: what the time guard skipped).\n"
     write_outputs(out, results, table5, note)
     write_emergence(out, emergence_blocks(ctx))
     zeroshot = zeroshot_all(ctx, results)
     write_zeroshot(out, zeroshot, lambda v: read_records(zeroshot_path(out, v)))
-    times["evaluate"] = round(ctx.clock.elapsed() - times["corpus"] - times["train"], 1)
+    times["evaluate"] = round(ctx.clock.elapsed() - times["setup"] - times["train"], 1)
     times["total"] = round(ctx.clock.elapsed(), 1)
-    record = summary(ctx, times, manifest, pairs, results, zeroshot)
+    record = summary(ctx, times, pairs, results, zeroshot)
     atomic_write_text(out / "summary.json", json.dumps(record, indent=1))
     return record
 
@@ -517,10 +576,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--time-limit", type=float, default=None, help="seconds for the whole run (default: the "
                         "plan's; phase deadlines scale with it)")
     parser.add_argument("--lr", type=float, default=None, help="peak learning rate of every run")
+    parser.add_argument("--compile", action="store_true", help="torch.compile each training forward (opt-in)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     plan = DRY if args.dry_run else FULL
     overrides = {k: v for k, v in (("time_limit_s", args.time_limit), ("lr", args.lr)) if v is not None}
+    if args.compile:
+        overrides["compile"] = True
     plan = dataclasses.replace(plan, **overrides)
     if plan.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("no CUDA GPU here: run with --dry-run, or on a GPU machine")
