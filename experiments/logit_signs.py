@@ -1,0 +1,66 @@
+"""The signs of a pair's top-100 attention logits (the Table-5 profile records magnitudes and where they sit).
+
+    nice python experiments/logit_signs.py xs-lr3e-3-s0-41.9M [PAIR ...]
+
+For each pair of ``experiments/results/regime/pairs.json`` whose checkpoints are on disk, reruns the sequences that
+hold its located top-100 logits (``table5/PAIR.json``: layer, head, Diff map, query, key) through the eager path,
+reads the signed logit at each location, checks its magnitude against the recorded one (1 %), and prints how many
+are negative. Negative maxima are scores that suppress a key; an attention sink shows as large positive scores on
+one key.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from diffquant.checkpoint import load_checkpoint
+from diffquant.corpus import heldout_ids
+from diffquant.tokenizer import Tokenizer
+
+REGIME = Path(__file__).resolve().parent / "results" / "regime"
+TOKENIZER = Path(__file__).resolve().parent / "corpus" / "stories260k-s0" / "tokenizer.model"
+SEQ_LEN = 512  # the verdicts' profile windows (experiments/campaign/verdicts.py)
+
+
+def signed_values(model, ids: torch.Tensor, locations: list[dict]) -> list[float]:
+    """The signed attention logit at each location (``sequence`` indexes windows of SEQ_LEN tokens)."""
+    model.eval().set_attn_impl("eager")
+    captured: dict[int, torch.Tensor] = {}
+    for i, layer in enumerate(model.layers):
+        layer.attn.logits.register_forward_hook(lambda m, args, out, i=i: captured.__setitem__(i, out.detach()))
+    values = []
+    with torch.no_grad():
+        for seq in sorted({loc["sequence"] for loc in locations}):
+            model(ids[seq * SEQ_LEN:(seq + 1) * SEQ_LEN][None])
+            for loc in (loc for loc in locations if loc["sequence"] == seq):
+                maps = captured[loc["layer"]][0][loc["head"]]  # (T, S), or (2, T, S) for Diff
+                value = float((maps[loc["map"]] if "map" in loc else maps)[loc["query"], loc["key"]])
+                if abs(abs(value) - loc["value"]) > 0.01 * loc["value"]:
+                    raise SystemExit(f"location {loc} holds {value}, not ±{loc['value']}: windows differ")
+                values.append(value)
+    return values
+
+
+def main(names: list[str]) -> dict:
+    torch.set_num_threads(1)
+    ids = torch.as_tensor(heldout_ids(Tokenizer.load(TOKENIZER))).long()
+    pairs = {p["pair"]: p for p in json.loads((REGIME / "pairs.json").read_text())}
+    out = {}
+    for name in names:
+        table5 = json.loads((REGIME / "table5" / f"{name}.json").read_text())
+        for arch, path in pairs[name]["checkpoints"].items():
+            if not Path(path).is_dir():
+                print(f"{name} {arch}: no checkpoint at {path}")
+                continue
+            values = signed_values(load_checkpoint(path), ids, table5[arch]["sites"]["attn_logits"]["locations"])
+            out[f"{name}/{arch}"] = {"negative": sum(v < 0 for v in values), "of": len(values)}
+            print(f"{name} {arch}: {out[f'{name}/{arch}']['negative']} of {len(values)} negative")
+    return out
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
