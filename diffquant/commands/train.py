@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     if cfg.seq_len > model_cfg.max_seq_len:
         raise UserError(f"--seq-len {cfg.seq_len} exceeds the preset's max_seq_len {model_cfg.max_seq_len}")
     train_ids, val_ids, provenance, files = _data(args, model_cfg, cfg)
-    fresh = train_ids if args.teacher and args.data is None else _fresh_stream(args, cfg)
+    fresh = _fresh_stream(args, cfg)  # a streamed run draws its fresh stories from its own stream
     provenance["command"] = "diffquant " + " ".join(args.argv)
     # Outlier-regime models (logits in the hundreds) fill softmax and its gradients with denormals, which run
     # 2-3x slower on x86; flushing them to zero moves nothing above 1.2e-38 (the log header records it).
@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         record = train(model_cfg, cfg, args.out, train_ids, val_ids, resume=args.resume, init_from=args.init_from,
                        provenance=provenance, branch_from=args.branch_from, files=files, stop_at=args.stop_at,
-                       fresh=None if fresh is train_ids else fresh)
+                       fresh=fresh)
     finally:
         torch.set_flush_denormal(False)  # torch's default, for a caller that runs this in-process
     val = record["history"]["val"]
@@ -171,10 +171,9 @@ def _data(args: argparse.Namespace, model_cfg, cfg) -> tuple:
     """(train ids or stream, validation ids, provenance, files to ship in checkpoints) for the chosen data."""
     if args.teacher is not None and args.data is None:
         from ..corpus import heldout_ids
-
-        stream = _stream(args, cfg, model_cfg)
         from ..tokenizer import tokenizer_file_name
 
+        stream = _stream(args, cfg, model_cfg)
         tok = stream.tokenizer
         return stream, heldout_ids(tok), {"teacher": args.teacher, "validation": "tinystories-cased"}, \
             {tokenizer_file_name(tok): Path(tok.path)}
