@@ -164,3 +164,20 @@ def test_gate_table_has_a_memorisation_column(tmp_path):
     assert regime.memorisation_cell(corpus) == "T 0.004 ± 0.005 / D -0.002 ± 0.005"
     assert regime.memorisation_cell({}) == "not measured"
     assert regime.memorisation_of({"train_logs": {"diff": str(tmp_path / "missing.json")}}) == {}
+
+
+def test_cli_corpus_run_with_a_teacher_logs_its_memorisation_check(tmp_path, capsys):
+    import json
+    from pathlib import Path
+
+    corpus = Path(__file__).resolve().parents[1] / "experiments" / "corpus" / "stories260k-s0"
+    out = tmp_path / "run"
+    assert main(["train", "--arch", "transformer", "--preset", "xs", "--tokens", "1024", "--batch-size", "4",
+                 "--seq-len", "32", "--warmup-steps", "2", "--eval-tokens", "256", "--threads", "1",
+                 "--data", str(corpus), "--teacher", str(stories260k_path()), "--stream-block-tokens", "256",
+                 "--out", str(out)]) == 0
+    log = json.loads((out / "train_log.json").read_text())
+    memo = log["memorisation"]
+    assert memo["note"] == "fixed corpus" and memo["steps"] == check_steps(8)
+    assert memo["train_windows"] == memo["fresh_windows"] == 8 * 4 and memo["tokens_per_window"] == 32
+    assert "streamed" not in log["data"] and log["data"]["corpus"] == str(corpus)
