@@ -26,6 +26,7 @@ import hashlib
 import json
 import logging
 import math
+import time
 from pathlib import Path
 
 import numpy as np
@@ -57,8 +58,8 @@ class TokenStream:
                  draw_batch: int | None = None, block_tokens: int = DEFAULT_BLOCK_TOKENS,
                  device: str | torch.device = "cpu", cache_dir: str | Path | None = None):
         from .checkpoint import load_checkpoint
+        from .checkpoint.files import WEIGHTS_FILE
         from .corpus import file_sha256
-        from .sample import _weights_file
         from .tokenizer import tokenizer_for
 
         draw_batch = draw_batch or min(DEFAULT_DRAW_BATCH, max(8, block_tokens // 512))  # ~block / story length
@@ -79,7 +80,8 @@ class TokenStream:
         self.bos_id = self.tokenizer.bos_id
         self.stop_ids = sorted({i for i in (self.tokenizer.eos_id, self.tokenizer.bos_id) if i is not None})
         self.identity = {
-            "format": STREAM_FORMAT, "teacher_sha256": file_sha256(_weights_file(self.teacher_path)),
+            "format": STREAM_FORMAT, "teacher_sha256": file_sha256(
+                self.teacher_path / WEIGHTS_FILE if self.teacher_path.is_dir() else self.teacher_path),
             "tokenizer_sha256": file_sha256(self.tokenizer.path), "seed": seed,
             "seq_len": seq_len, "max_len": max_len, "draw_batch": draw_batch,
             "windows_per_block": self.windows_per_block, "bos_id": self.bos_id, "stop_ids": self.stop_ids,
@@ -109,8 +111,6 @@ class TokenStream:
     def draw_windows(self, purpose: str, index: int, n_windows: int) -> np.ndarray:
         """``n_windows`` windows of ``seq_len + 1`` tokens (consecutive windows share one token) cut from whole
         stories drawn with the generator of (purpose, seed, index); the last story's surplus is dropped."""
-        import time
-
         gen = torch.Generator().manual_seed(stream_seed(purpose, self.seed, index))
         need = n_windows * self.seq_len + 1
         stories, total, start = [], 0, time.perf_counter()
