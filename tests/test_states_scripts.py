@@ -83,3 +83,15 @@ def test_refusals_are_one_line(origin):
                               ("park_states.sh", (f"{RUN}/diff/state/model",), "has no state/")):
         done = script(repo, name, *args)
         assert done.returncode == 2 and words in done.stderr and len(done.stderr.splitlines()) == 1
+
+
+def test_park_only_the_named_paths(origin):
+    repo, _ = origin
+    done = script(repo, "park_states.sh", RUN, "diff/state")
+    assert done.returncode == 0, done.stderr
+    entry = json.loads((repo / "experiments/campaign/states.json").read_text())["runs"][RUN]
+    held = git(repo, "ls-tree", "-r", "--name-only", entry["commit"])
+    assert entry["paths"] == ["diff/state"] and f"{RUN}/diff/state/optimizer.safetensors" in held
+    assert f"{RUN}/diff/branches/step000004/model.safetensors" not in held
+    missing = script(repo, "park_states.sh", RUN, "diff/nope")
+    assert missing.returncode == 2 and "not a folder" in missing.stderr

@@ -4,18 +4,23 @@
 # and records the first in experiments/campaign/states.json, from where restore_states.sh brings them back into any
 # clone. The files on disk are left as they are. Park only what a later session must resume: every parked byte
 # counts twice against a submission's diff budget (added, then removed).
-#   bash experiments/campaign/park_states.sh RUN          RUN: a run folder, e.g. experiments/campaign/long/xs-lr3e-3-s0
+#   bash experiments/campaign/park_states.sh RUN [PATH ...]   RUN: a run folder, e.g. experiments/campaign/long/xs-lr3e-3-s0;
+#                                                             PATHs inside it (e.g. diff/state): park only those
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 STATES=${STATES:-experiments/campaign/states.json}
 die() { echo "park_states.sh: $*" >&2; exit 2; }
-[ $# -eq 1 ] || die "usage: park_states.sh RUN"
-run=${1%/}
+[ $# -ge 1 ] || die "usage: park_states.sh RUN [PATH ...]"
+run=${1%/}; shift
 [ -d "$run" ] || die "$run is not a folder"
 [ -f "$STATES" ] || die "no $STATES"
 git diff --cached --quiet || die "the index holds staged changes: commit or unstage them first"
-mapfile -t rel < <(cd "$run" && find . -type d \( -name state -o -name branches -o -name snapshots \) -prune -print \
-                   | sed 's|^\./||' | sort)
+if [ $# -gt 0 ]; then
+  rel=("${@%/}"); for p in "${rel[@]}"; do [ -d "$run/$p" ] || die "$run/$p is not a folder"; done
+else
+  mapfile -t rel < <(cd "$run" && find . -type d \( -name state -o -name branches -o -name snapshots \) -prune -print \
+                     | sed 's|^\./||' | sort)
+fi
 [ ${#rel[@]} -gt 0 ] || die "$run has no state/, branches/ or snapshots/ to park"
 full=(); for p in "${rel[@]}"; do full+=("$run/$p"); done
 git add -f -- "${full[@]}"
