@@ -48,11 +48,8 @@ def gptq_calibration(checkpoint, model, n_tokens: int = DEFAULT_CALIB_TOKENS, se
                      seed: int = 0, tokenizer_path=None) -> tuple[torch.Tensor, dict, Tokenizer]:
     """Windows of the calib train split for a checkpoint's GPTQ, tokenised with its tokenizer (or
     ``tokenizer_path``); returns (windows [N, T], what they are, the tokenizer)."""
-    tokenizer = Tokenizer.load(tokenizer_path) if tokenizer_path else tokenizer_for(checkpoint)
-    vocab, context = model.config.vocab_size, model.config.max_seq_len
-    if tokenizer.vocab_size > vocab:
-        raise UserError(f"the calibration tokenizer has {tokenizer.vocab_size} tokens but the model only {vocab}; "
-                        "pass the model's tokenizer with --tokenizer")
+    tokenizer = tokenizer_for(checkpoint, tokenizer_path)  # refuses one that does not fit the model
+    context = model.config.max_seq_len
     seq_len = seq_len or min(DEFAULT_SEQ_LEN, context)
     if not 1 <= seq_len <= context:
         raise UserError(f"--calib-seq-len must lie in 1..{context}")

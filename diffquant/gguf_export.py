@@ -143,7 +143,8 @@ def _write(path: Path, cfg, tensors: dict, gguf_type: str, tokenizer, vocab_from
 
 
 def _add_vocab(w, tokenizer, vocab_from) -> None:
-    """The llama (SentencePiece) vocabulary llama.cpp tokenizes with, from a .gguf file or a tokenizer."""
+    """The vocabulary llama.cpp tokenizes with, from a .gguf file or a tokenizer: llama-style for SentencePiece,
+    gpt2-style for byte-level BPE (the project tokenizer)."""
     if vocab_from is not None:
         from .checkpoint.gguf import _open
 
@@ -152,8 +153,13 @@ def _add_vocab(w, tokenizer, vocab_from) -> None:
             if key.startswith("tokenizer."):
                 _copy_field(w, key, field)
         return
-    if tokenizer is None or tokenizer.kind != "sentencepiece":
-        log.warning("no SentencePiece vocabulary to store: llama.cpp cannot tokenize with this file")
+    if tokenizer is None:
+        log.warning("no tokenizer given: llama.cpp cannot tokenize with this file")
+        return
+    if tokenizer.kind == "hf":
+        from .gguf_vocab import add_bpe_vocab
+
+        add_bpe_vocab(w, tokenizer)
         return
     sp = tokenizer.backend
     n = sp.get_piece_size()

@@ -224,14 +224,15 @@ def run_sweep(checkpoints: Sequence[str | os.PathLike], out: str | os.PathLike, 
               granularity: str | None = None, group_size: int | None = None, limit: int | None = None,
               seed: int = 0, batch_size: int = 8, calib_tokens: int | None = None, calib_data: str = "train",
               attn_impl: str = "eager", device: str = "cpu", progress: bool = True, subset: str = "first",
-              dispatch: dict | None = None) -> dict:
+              dispatch: dict | None = None, tokenizer: str | os.PathLike | None = None) -> dict:
     """Score every checkpoint × bits × task not yet in ``out``; returns ``{"out", "written", "nonfinite",
     "skipped"}``.
 
     Everything is checked before the first model is loaded (:func:`check_sweep`). One sweep writes ``out`` at a
     time (a lock); the cells already in it are read under the lock and skipped. NaN/Inf losses are recorded as
     null metrics with a ``nonfinite`` count. ``dispatch``: :func:`~diffquant.offload.load_dispatched` options
-    (``device_map``, ``max_memory``, ``offload_folder``) for HF folders larger than one device.
+    (``device_map``, ``max_memory``, ``offload_folder``) for HF folders larger than one device. ``tokenizer``:
+    a tokenizer file for every checkpoint (default: each one's own, :func:`~diffquant.tokenizer.tokenizer_for`).
     """
     scheme = make_scheme(target, granularity, group_size, calib_tokens)
     bits = check_bits(scheme, bits)
@@ -240,6 +241,8 @@ def run_sweep(checkpoints: Sequence[str | os.PathLike], out: str | os.PathLike, 
     check_sweep(scheme, checkpoints, resolved, limit, batch_size, attn_impl, calib_data, subset)
     if not dispatch:  # a dispatched model spreads over devices: accelerate's max_memory governs it
         _check_memory(checkpoints, resolved, limit, batch_size, device)
+    for ckpt in checkpoints:  # a model without a tokenizer that fits it is refused before any work
+        tokenizer_for(ckpt, tokenizer)
     subset = subset if limit is not None else None  # records: which items --limit kept (none without it)
     out = check_output(out, flag="--out")
     read_records(out, missing_ok=True)  # an existing --out must be a records file before anything touches it
@@ -248,6 +251,7 @@ def run_sweep(checkpoints: Sequence[str | os.PathLike], out: str | os.PathLike, 
     settings = {"limit": limit, "subset": subset, "seed": seed, "attn_impl": attn_impl, "batch_size": batch_size,
                 "device": device}
     settings["dispatch"] = dispatch  # how to load, not part of a record
+    settings["tokenizer"] = tokenizer
     counts = {"written": 0, "nonfinite": 0}
     progress = progress and distributed.is_main()
     with _records_file(out) as fh, tqdm(total=total, desc="sweep", disable=not progress) as bar:
@@ -357,7 +361,7 @@ def _sweep_checkpoint(ckpt: _Checkpoint, scheme: Scheme, data: dict, settings: d
         model = load_probed_hf(ckpt.path, device)
     else:
         model = load_checkpoint(ckpt.path, device=device, attn_impl=settings["attn_impl"])
-    tokenizer = tokenizer_for(ckpt.path)
+    tokenizer = tokenizer_for(ckpt.path, settings["tokenizer"])
     about = {"checkpoint_sha256": ckpt.sha256, "label": checkpoint_label(ckpt.path), "arch": model.config.arch,
              "model": model.config.to_dict(), "params": sum(p.numel() for p in model.parameters()),
              "tokenizer": tokenizer.path,

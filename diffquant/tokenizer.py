@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .checkpoint.files import SENTENCEPIECE_FILE, TOKENIZER_FILE
 from .errors import UserError, first_line
 
 if TYPE_CHECKING:
@@ -32,8 +33,6 @@ log = logging.getLogger(__name__)
 SPECIAL_TOKEN = "<|endoftext|>"
 DEFAULT_VOCAB_SIZE = 8192
 MIN_FREQUENCY = 2
-TOKENIZER_FILE = "tokenizer.json"  # an HF tokenizers file
-SENTENCEPIECE_FILE = "tokenizer.model"  # a SentencePiece model
 TOKENIZER_FILES = (TOKENIZER_FILE, SENTENCEPIECE_FILE)  # what a checkpoint folder may ship, in lookup order
 
 
@@ -125,21 +124,92 @@ def default_tokenizer_path() -> Path:
     return calib_dir() / TOKENIZER_FILE
 
 
-def tokenizer_for(checkpoint: str | os.PathLike) -> Tokenizer:
-    """The tokenizer that belongs to a checkpoint: its folder's tokenizer.json / tokenizer.model, or for
-    ``x.gguf`` a SentencePiece ``x*.model`` beside it; the project tokenizer for our own checkpoints."""
+def tokenizer_for(checkpoint: str | os.PathLike, tokenizer: str | os.PathLike | Tokenizer | None = None) -> Tokenizer:
+    """The tokenizer that scores, profiles or calibrates a model; the one place that decides it.
+
+    * ``tokenizer`` when given (every command's ``--tokenizer``): a Tokenizer, a tokenizer file, or a folder
+      holding one;
+    * else the checkpoint's own: ``tokenizer.json`` / ``tokenizer.model`` in its folder; for ``x.gguf`` a
+      SentencePiece ``x*.model`` beside it, else the vocabulary embedded in the file;
+    * else, for our own folders (native or packed), the project tokenizer, if its vocabulary is the model's.
+
+    Refused in one line: an HF folder or GGUF file that carries no tokenizer (the project tokenizer would
+    score it silently wrong), and any tokenizer with more tokens than the model has embedding rows."""
     path = Path(checkpoint)
+    tok = _given_tokenizer(tokenizer) if tokenizer is not None else _own_tokenizer(path)
+    vocab = model_vocab_size(path)
+    if tok.vocab_size > vocab:
+        raise UserError(f"tokenizer {tok.path or 'given'} has {tok.vocab_size} tokens but {path} has only {vocab} "
+                        "embedding rows; pass the model's own tokenizer with --tokenizer")
+    return tok
+
+
+def _given_tokenizer(tokenizer: str | os.PathLike | Tokenizer) -> Tokenizer:
+    if isinstance(tokenizer, Tokenizer):
+        return tokenizer
+    path = Path(tokenizer)
+    if path.is_dir():
+        found = [path / name for name in TOKENIZER_FILES if (path / name).is_file()]
+        if not found:
+            raise UserError(f"--tokenizer {path}: the folder holds no {' or '.join(TOKENIZER_FILES)}")
+        path = found[0]
+    if not path.is_file():
+        raise UserError(f"--tokenizer {path} does not exist")
+    return Tokenizer.load(path)
+
+
+def _own_tokenizer(path: Path) -> Tokenizer:
+    """The checkpoint's own tokenizer (see :func:`tokenizer_for`), or a one-line refusal."""
+    from .checkpoint import checkpoint_format
+
+    fmt = checkpoint_format(path)  # refuses a missing path, a pickle, an unknown file
     if path.is_dir():
         for name in TOKENIZER_FILES:
             if (path / name).is_file():
                 return Tokenizer.load(path / name)
-        return default_tokenizer()
-    if path.suffix == ".gguf":
-        found = sorted(path.parent.glob(f"{path.stem}*.model"))
-        if not found:
-            raise FileNotFoundError(f"no tokenizer for {path}: expected a SentencePiece {path.stem}*.model beside it")
+    if fmt == "gguf":
+        return _gguf_tokenizer(path)
+    if fmt == "hf":
+        raise UserError(f"{path} is an HF folder without {' or '.join(TOKENIZER_FILES)}: name its tokenizer with "
+                        "--tokenizer FILE (the project tokenizer would score it wrongly)")
+    project = default_tokenizer()
+    if project.vocab_size != model_vocab_size(path):
+        raise UserError(f"{path} ships no tokenizer and the project tokenizer ({project.vocab_size} tokens) does not "
+                        f"fit its vocabulary ({model_vocab_size(path)}): name its tokenizer with --tokenizer FILE")
+    return project
+
+
+def _gguf_tokenizer(path: Path) -> Tokenizer:
+    found = sorted(path.parent.glob(f"{path.stem}*.model"))
+    if found:
         return Tokenizer.load(found[0])
-    return default_tokenizer()
+    tok = embedded_tokenizer(path)
+    if tok is None:
+        raise UserError(f"{path} embeds no vocabulary and no SentencePiece {path.stem}*.model lies beside it: "
+                        "name its tokenizer with --tokenizer FILE")
+    return tok
+
+
+def embedded_tokenizer(path: str | os.PathLike) -> Tokenizer | None:
+    """The vocabulary embedded in a GGUF file (llama or gpt2 style) as a Tokenizer; None when it has none."""
+    from .gguf_vocab import embedded_vocabulary
+
+    found = embedded_vocabulary(path)
+    return None if found is None else Tokenizer(*found, path=str(path))
+
+
+def model_vocab_size(checkpoint: str | os.PathLike) -> int:
+    """Embedding rows of a checkpoint, read from its config (any format; HF folders of any model type)."""
+    from .checkpoint import checkpoint_format, read_model_config
+    from .checkpoint.files import CONFIG_FILE, read_json
+
+    path = Path(checkpoint)
+    if checkpoint_format(path) == "hf":
+        config = read_json(path / CONFIG_FILE)
+        vocab = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
+        if isinstance(vocab, int) and vocab > 0:
+            return vocab
+    return read_model_config(path).vocab_size
 
 
 def default_tokenizer() -> Tokenizer:

@@ -26,6 +26,8 @@ from ..io import atomic_dir, parse_json_object, read_json_file
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"  # sharded HF weights
+TOKENIZER_FILE = "tokenizer.json"  # an HF tokenizers file
+SENTENCEPIECE_FILE = "tokenizer.model"  # a SentencePiece model
 
 
 class CheckpointError(UserError, ValueError):

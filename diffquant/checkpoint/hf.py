@@ -40,11 +40,12 @@ from ..config import ModelConfig
 from ..errors import first_line
 from ..io import write_safetensors
 from ..model import LAMBDA_STD, LM, build_model
-from ..tokenizer import SENTENCEPIECE_FILE, TOKENIZER_FILE
 from .files import (
     CONFIG_FILE,
     FLOAT_DTYPES,
     INDEX_FILE,
+    SENTENCEPIECE_FILE,
+    TOKENIZER_FILE,
     WEIGHTS_FILE,
     CheckpointError,
     atomic_folder,

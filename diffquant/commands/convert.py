@@ -17,7 +17,7 @@ from ..compressed import save_compressed
 from ..errors import UserError
 from ..gguf_export import GGUF_TYPES, save_gguf
 from ..quant.api import is_quantized
-from ..tokenizer import TOKENIZER_FILES, Tokenizer, tokenizer_for
+from ..tokenizer import TOKENIZER_FILES, tokenizer_for
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -63,14 +63,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _to_hf(args, out: Path, dtype) -> dict:
     model = load_checkpoint(args.source)
-    tok = Tokenizer.load(args.tokenizer) if args.tokenizer else tokenizer_for(args.source)
-    if tok.vocab_size > model.config.vocab_size:
-        if args.tokenizer:
-            raise UserError(f"tokenizer {args.tokenizer} has {tok.vocab_size} tokens; the model only "
-                            f"{model.config.vocab_size}")
-        print(f"diffquant: note: {tok.path} ({tok.vocab_size} tokens) does not fit the model's vocabulary "
-              f"({model.config.vocab_size}); no tokenizer written", file=sys.stderr)
-        tok = None
+    tok = _shipped_tokenizer(args)
     if is_quantized(model):  # RTN / GPTQ codes as they are, in the format transformers and vLLM load
         save_compressed(model, out, tokenizer=tok, overwrite=args.overwrite, dtype=dtype)
     else:
@@ -92,15 +85,25 @@ def _to_gguf(args, out: Path) -> dict:
         raise UserError("--embeddings quantizes a float source; a quantized source keeps its own choice")
     source = Path(args.source)
     vocab_from = source if source.suffix == ".gguf" and not args.tokenizer else None
-    tok = None
-    if vocab_from is None:
-        tok = Tokenizer.load(args.tokenizer) if args.tokenizer else tokenizer_for(args.source)
+    tok = None if vocab_from is not None else _shipped_tokenizer(args)
     types = save_gguf(model, out, args.gguf_type or "f32", tokenizer=tok, vocab_from=vocab_from,
                       embeddings=args.embeddings, overwrite=args.overwrite)
     counts = {kind: sum(t == kind for t in types.values()) for kind in sorted(set(types.values()))}
     return {"source": str(source), "out": str(out), "format": "gguf", "gguf_type": args.gguf_type or "f32",
             "codes": "ours" if quantized and args.gguf_type in ("q8_0", "q4_0") else None, "tensor_types": counts,
-            "vocabulary": vocab_from is not None or (tok is not None and tok.kind == "sentencepiece")}
+            "vocabulary": vocab_from is not None or tok is not None}
+
+
+def _shipped_tokenizer(args):
+    """The tokenizer written with the model (:func:`tokenizer_for`); without --tokenizer, a source that has
+    none that fits is converted without one (a note says so)."""
+    try:
+        return tokenizer_for(args.source, args.tokenizer)
+    except UserError as err:
+        if args.tokenizer:
+            raise
+        print(f"diffquant: note: {err}; no tokenizer written", file=sys.stderr)
+        return None
 
 
 def _from_hf(args, out: Path, dtype) -> dict:

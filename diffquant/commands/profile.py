@@ -52,7 +52,7 @@ def profile_checkpoint(path: str, args, tokenizer: Tokenizer | None = None) -> d
     model = load_dispatched(path, **dispatch) if dispatch else load_for_profiling(path)  # HF folders natively
     if distributed.is_distributed() and not dispatch:
         model.to(distributed.local_device())  # NCCL: this rank's GPU; gloo: the CPU
-    tok = tokenizer or (Tokenizer.load(args.tokenizer) if args.tokenizer else tokenizer_for(path))
+    tok = tokenizer_for(path, tokenizer or args.tokenizer)
     seq_len, source = window_length(path, model.config.max_seq_len, args.seq_len)
     if seq_len > model.config.max_seq_len:
         raise UserError(f"--seq-len {seq_len} exceeds {path}'s max_seq_len {model.config.max_seq_len}")

@@ -39,6 +39,9 @@ def register(sub) -> None:
     p.add_argument("--calib-tokens", type=int, default=None,
                    help=f"GPTQ calibration tokens (default {DEFAULT_CALIB_TOKENS}), windows of max_seq_len")
     p.add_argument("--calib-data", default="train", help="GPTQ calibration text: a split, calib source or file")
+    p.add_argument("--tokenizer", default=None,
+                   help="tokenizer file for every checkpoint (default: each one's own; HF folders without one "
+                        "need it)")
     p.add_argument("--attn-impl", default="eager", help=f"{' | '.join(ATTN_IMPLS)} (attention targets run eager)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
@@ -62,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
                         group_size=args.group_size, limit=args.limit, subset=args.subset, seed=args.seed,
                         batch_size=args.batch_size,
                         calib_tokens=args.calib_tokens, calib_data=args.calib_data, attn_impl=args.attn_impl,
-                        device=args.device, dispatch=dispatch_options(args))
+                        device=args.device, dispatch=dispatch_options(args), tokenizer=args.tokenizer)
     if not distributed.is_main():  # data parallel: rank 0 prints
         return 0
     if not args.no_table:
