@@ -32,7 +32,7 @@ from .checkpoint.hf import MODEL_TYPES
 from .errors import UserError
 from .hf_probes import HFProbed, load_hf_model, logits_unsupported_reason
 from .kinds import ATTN_LOGITS, HIDDEN
-from .quant.api import default_filter, is_conv1d
+from .quant.api import default_filter, group_size_problem, is_conv1d
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +73,8 @@ def check_native(path: str | Path, kinds, group_size: int | None = None) -> None
     if ATTN_LOGITS in kinds and (reason := logits_unsupported_reason(config)):
         raise UserError(f"{path}: {reason}; nothing would be quantized")
     if group_size is not None:
-        widths = linear_widths(config)
-        if any(w % group_size for w in widths):
-            raise UserError(f"{path}: group size {group_size} does not divide the input widths {widths}")
+        if (problem := group_size_problem(group_size, linear_widths(config))) is not None:
+            raise UserError(f"{path}: {problem}")
 
 
 def linear_widths(config) -> list[int]:

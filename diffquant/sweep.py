@@ -53,6 +53,7 @@ from .io import check_output, locked_append
 from .kinds import SEQUENCE, canonical_granularity
 from .memory import check_fits, forward_bytes
 from .quant import ActQuant, QuantConfig, WeightQuant, quantize, weight_method, weight_methods
+from .quant.api import group_size_problem
 from .quant.config import ACT_TARGETS
 from .records import (
     BASELINE_BITS,
@@ -323,9 +324,8 @@ def check_checkpoint(path: str, scheme: Scheme) -> None:
         return
     cfg = read_model_config(path)
     if scheme.group_size is not None:
-        widths = sorted({cfg.d_model, cfg.q_dim, cfg.ffn_dim})
-        if any(w % scheme.group_size for w in widths):
-            raise ValueError(f"--group-size {scheme.group_size} does not divide the input widths {widths} of {path}")
+        if (problem := group_size_problem(scheme.group_size, {cfg.d_model, cfg.q_dim, cfg.ffn_dim})) is not None:
+            raise ValueError(f"{path}: {problem}")
 
 
 def _plan(path: str, existing: list[dict], scheme: Scheme, bits: list[int], tasks: list[Task],

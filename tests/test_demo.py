@@ -61,3 +61,34 @@ def test_demo_pair_of_one_arch_is_a_one_line_error(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "both models are transformer" in err and err.count("\n") == 1
     assert not (tmp_path / "d").exists()
+
+
+# -- the registered pairs (calib/models/pairs.json) --------------------------------------------------------------
+
+def test_every_registered_pair_is_shipped_as_registered(capsys):
+    from diffquant.pairs import pair_problem, registered_pairs, resolve_pair
+
+    pairs, default = registered_pairs()
+    assert default == "xs" and {"xs", "small-books"} <= set(pairs)
+    assert {name: pair_problem(pair) for name, pair in pairs.items()} == dict.fromkeys(pairs)
+    assert resolve_pair().paths["transformer"].name == "final"
+    assert main(["demo", "--list"]) == 0
+    listed = capsys.readouterr().out
+    assert listed.count("ready (sha256 checked)") == len(pairs) and "xs (default)" in listed
+
+
+def test_a_pair_is_refused_by_an_unknown_name_or_changed_weights(tmp_path, capsys, monkeypatch):
+    import diffquant.pairs as registry
+
+    assert main(["demo", "--out", str(tmp_path / "d"), "--pair", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "no pair named 'nope'" in err and "xs" in err and err.count("\n") == 1
+    for arch in ("transformer", "diff"):
+        save_checkpoint(build_model(tiny_config(arch, vocab_size=8192, max_seq_len=64), seed=1), tmp_path / arch)
+    (tmp_path / "pairs.json").write_text(json.dumps({"default": "mine", "pairs": {"mine": {
+        arch: {"path": arch, "sha256": "0" * 64} for arch in ("transformer", "diff")}}}))
+    monkeypatch.setattr(registry, "registry_path", lambda: tmp_path / "pairs.json")
+    assert main(["demo", "--out", str(tmp_path / "d"), "--pair", "mine"]) == 2
+    err = capsys.readouterr().err
+    assert "sha256 differs" in err and err.count("\n") == 1
+    assert not (tmp_path / "d").exists()

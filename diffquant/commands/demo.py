@@ -39,9 +39,6 @@ from ..tokenizer import tokenizer_for
 
 log = logging.getLogger(__name__)
 
-REPO = Path(__file__).resolve().parents[2]
-COOLED = REPO / "experiments/campaign/long/xs-lr3e-3-s0/cooldown"
-PAIR = (COOLED / "transformer-step004096/final", COOLED / "diff-step004096/final")
 STORIES = "models/stories260K.gguf"  # under calib/
 STORIES_WINDOWS = 4  # of 2048 tokens, quadratic attention: 16 and 4 bits ~20 s (16/8/6/4 on 12 windows: 210 s)
 PPL_TASKS = ("tinystories", "test")  # real TinyStories held-out text, held-out books
@@ -50,8 +47,10 @@ PPL_TASKS = ("tinystories", "test")  # real TinyStories held-out text, held-out 
 def register(sub) -> None:
     p = sub.add_parser("demo", help="the main job: gate, outlier tables and degradation tables on the shipped pair")
     p.add_argument("--out", default="demo-out", help="folder for records, tables and plots")
-    p.add_argument("--pair", nargs=2, default=[str(p) for p in PAIR], metavar=("TRANSFORMER", "DIFF"),
-                   help="the matched pair, trained with identical data order (default: the shipped gated pair)")
+    p.add_argument("--pair", nargs="+", default=None, metavar="NAME | TRANSFORMER DIFF",
+                   help="a registered pair's name (--list; default: the shipped gated pair, xs) or the two "
+                        "checkpoints of a matched pair trained with identical data order")
+    p.add_argument("--list", action="store_true", help="list the registered pairs (calib/models/pairs.json) and exit")
     p.add_argument("--no-stories", action="store_true", help="skip the stories260K reference model")
     p.add_argument("--profile-windows", type=int, default=64, help="held-out windows for the outlier tables")
     p.add_argument("--ppl-windows", type=int, default=32,
@@ -65,12 +64,11 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    if args.list:
+        return _list_pairs()
     started = time.time()
     out = Path(args.out)
-    for path in args.pair:
-        if not Path(path).exists():
-            raise UserError(f"model {path} not found (the shipped pair lives in {COOLED.relative_to(REPO)}/)")
-    pair = _pair(args.pair)
+    pair = _pair(_pair_paths(args.pair))
     out.mkdir(parents=True, exist_ok=True)
     stories = None if args.no_stories else calib_dir() / STORIES
     tasks = {t.strip(): _limit(t.strip(), args) for t in args.tasks.split(",") if t.strip()}
@@ -88,6 +86,35 @@ def run(args) -> int:
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=1))
     print(f"\nDone in {summary['wall_s']:.0f} s; records, tables and plots are in {out}/")
     return 0
+
+
+def _list_pairs() -> int:
+    from ..pairs import pair_problem, registered_pairs, registry_path
+
+    pairs, default = registered_pairs()
+    print(f"pairs registered in {registry_path()} (demo --pair NAME):")
+    for name, pair in pairs.items():
+        problem = pair_problem(pair)
+        print(f"\n{name}{' (default)' if name == default else ''}: {pair.description}")
+        for arch, path in pair.paths.items():
+            print(f"  {arch:<12} {path}")
+        print(f"  {'status':<12} {'ready (sha256 checked)' if problem is None else problem}")
+    return 0
+
+
+def _pair_paths(given: list[str] | None) -> list[str]:
+    """The pair's two checkpoints: a registered name (default: the registry's default) or two paths."""
+    from ..pairs import resolve_pair
+
+    if given is not None and len(given) == 2:
+        for path in given:
+            if not Path(path).exists():
+                raise UserError(f"model {path} not found (registered pairs: diffquant demo --list)")
+        return given
+    if given is not None and len(given) != 1:
+        raise UserError("--pair takes a registered name or two checkpoints (TRANSFORMER DIFF)")
+    pair = resolve_pair(given[0] if given else None)
+    return [str(pair.paths["transformer"]), str(pair.paths["diff"])]
 
 
 def _pair(paths) -> dict:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 from typing import Callable, Iterable
 
 import torch
@@ -149,17 +150,29 @@ def _calib_batches(calib) -> list[torch.Tensor]:
     return batches
 
 
+def group_size_problem(group_size: int | None, widths) -> str | None:
+    """Why ``group_size`` cannot split the input ``widths`` (None when it can), naming the sizes that would."""
+    widths = sorted(set(widths))
+    bad = [w for w in widths if group_size is not None and w % group_size]
+    if not bad:
+        return None
+    common = math.gcd(*widths)
+    fits = [g for g in range(2, common + 1) if common % g == 0]
+    return (f"group size {group_size} does not divide the input width{'s' if len(bad) > 1 else ''} "
+            f"{', '.join(map(str, bad))} (widths: {', '.join(map(str, widths))}); sizes that divide every width: "
+            f"{', '.join(map(str, fits)) or 'none above 1'}, or no group size (one scale per output channel)")
+
+
 def _check_before_changes(model, config: QuantConfig, linears, embeddings, batches) -> None:
     """Every refusal happens here, before the model is touched, so an error never leaves it half quantized."""
     wq = config.weights
     if wq is not None:
         if not linears and not embeddings:
             raise ValueError("no nn.Linear module matches the filter: nothing to quantize")
-        for name in linears + embeddings:
-            module = model.get_submodule(name)
-            width = _in_features(module) if name in linears else module.weight.shape[1]
-            if wq.group_size is not None and width % wq.group_size:
-                raise ValueError(f"group_size {wq.group_size} does not divide the input width {width} of {name}")
+        widths = {name: _in_features(model.get_submodule(name)) if name in linears
+                  else model.get_submodule(name).weight.shape[1] for name in linears + embeddings}
+        if (problem := group_size_problem(wq.group_size, widths.values())) is not None:
+            raise ValueError(problem)
         wq.handler.check_model(wq, linears, embeddings, batches)
     if config.activations is not None and not linears:
         raise ValueError("no nn.Linear module matches the filter: no inputs to quantize")
