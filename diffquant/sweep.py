@@ -39,7 +39,7 @@ from tqdm.auto import tqdm
 
 from . import distributed
 from .calibration import DEFAULT_CALIB_TOKENS, calibration_batch
-from .checkpoint import checkpoint_format, load_checkpoint, read_model_config
+from .checkpoint import QUANTIZED_FORMATS, checkpoint_format, load_checkpoint, read_model_config
 from .config import ATTN_IMPLS as MODEL_ATTN_IMPLS
 from .data import SOURCES, data_fingerprint, documents
 from .evaluate import (
@@ -74,7 +74,8 @@ log = logging.getLogger(__name__)
 
 # target -> the QuantConfig field it sets (ACT_TARGETS, quant/config.py) or the weight method
 WEIGHT_TARGETS = {f"weights-{m}": m for m in weight_methods() if weight_method(m).sweepable}
-TARGETS = (*ACT_TARGETS, *WEIGHT_TARGETS)
+AS_STORED = "none"  # score the model as stored (a packed, compressed-tensors or GGUF Q8_0/Q4_0 model): 16 only
+TARGETS = (*ACT_TARGETS, *WEIGHT_TARGETS, AS_STORED)
 
 PERPLEXITY_TASKS = {"wikitext2": "wikitext2-test", "test": "test", "validation": "validation",
                     "tinystories": "tinystories-cased"}
@@ -97,8 +98,8 @@ class Scheme:
         return self.target in WEIGHT_TARGETS and weight_method(WEIGHT_TARGETS[self.target]).needs_calibration
 
     def config(self, bits: int) -> QuantConfig:
-        """The QuantConfig at ``bits`` (16 = the unquantized model: an empty config)."""
-        if bits == BASELINE_BITS:
+        """The QuantConfig at ``bits`` (16 = the unquantized model: an empty config; as stored: always)."""
+        if bits == BASELINE_BITS or self.target == AS_STORED:
             return QuantConfig()
         if self.target in WEIGHT_TARGETS:
             return QuantConfig(weights=WeightQuant(WEIGHT_TARGETS[self.target], bits, self.group_size))
@@ -117,6 +118,11 @@ def make_scheme(target: str, granularity: str | None = None, group_size: int | N
     target = canonical_target(target)
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}")
+    if target == AS_STORED:
+        if granularity is not None or group_size is not None or calib_tokens is not None:
+            raise ValueError("--target none scores the model as stored: it takes no --granularity, --group-size "
+                             "or --calib-tokens")
+        return Scheme(target)
     if target in WEIGHT_TARGETS:
         if granularity is not None:
             raise ValueError("--granularity applies to activation targets; weight targets take --group-size")
@@ -140,6 +146,8 @@ def check_bits(scheme: Scheme, bits: Sequence[int]) -> list[int]:
     """The bit widths, 16 first and without repeats; each is checked by building its config."""
     if not bits:
         raise ValueError("no bit widths to sweep")
+    if scheme.target == AS_STORED and list(bits) != [BASELINE_BITS]:
+        raise ValueError(f"--target none scores the model as stored: --bits {BASELINE_BITS} only")
     top = 8 if scheme.target in WEIGHT_TARGETS else 15
     for b in bits:
         if isinstance(b, bool) or not isinstance(b, int) or not (2 <= b <= top or b == BASELINE_BITS):
@@ -317,8 +325,9 @@ def _check_memory(checkpoints: list[str], tasks: list[Task], limit: int | None, 
 
 def check_checkpoint(path: str, scheme: Scheme) -> None:
     """A float checkpoint whose config admits the scheme, read without loading a model."""
-    if checkpoint_format(path) == "packed":
-        raise ValueError(f"{path} is already quantized; sweep its float checkpoint")
+    if checkpoint_format(path) in QUANTIZED_FORMATS and scheme.target != AS_STORED:
+        raise ValueError(f"{path} is already quantized: score it as stored with --target none, or sweep its float "
+                         "checkpoint")
     if is_native_hf(path):  # any other HF causal LM: quantized through HFProbed
         check_native(path, scheme.config(4).probe_targets(), scheme.group_size)
         return

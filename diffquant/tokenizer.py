@@ -169,7 +169,7 @@ def _own_tokenizer(path: Path) -> Tokenizer:
                 return Tokenizer.load(path / name)
     if fmt == "gguf":
         return _gguf_tokenizer(path)
-    if fmt == "hf":
+    if fmt in ("hf", "compressed"):
         raise UserError(f"{path} is an HF folder without {' or '.join(TOKENIZER_FILES)}: name its tokenizer with "
                         "--tokenizer FILE (the project tokenizer would score it wrongly)")
     project = default_tokenizer()

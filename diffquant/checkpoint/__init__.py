@@ -6,6 +6,7 @@
 ``packed``      a packed quantized folder: the native files' shape + ``quant.json`` (codes, scales, schemes)
 ``gguf``        a Llama-architecture ``.gguf`` file (F32 / F16), read only
 ``hf``          a Hugging Face Llama / DiffLlama folder, both ways
+``compressed``  a compressed-tensors HF folder (pack-quantized int weights), read as its dequantized model
 ``context``     the sequence length a checkpoint was trained at, where known
 ==============  =================================================================================================
 
@@ -21,6 +22,7 @@ import torch
 
 from ..config import ModelConfig
 from ..model import LM
+from .compressed import is_compressed_folder, load_compressed, read_compressed_config
 from .context import training_context
 from .files import (
     CONFIG_FILE,
@@ -36,9 +38,11 @@ from .hf import is_hf_folder, load_hf, read_hf_config
 from .native import expected_shapes, load_native, read_config, save_checkpoint
 from .packed import QUANT_FILE, load_quantized, save_quantized
 
-FORMATS = ("native", "packed", "gguf", "hf")
-_LOADERS = {"native": load_native, "gguf": load_gguf, "hf": load_hf}
-_CONFIG_READERS = {"native": read_config, "packed": read_config, "gguf": read_gguf_config, "hf": read_hf_config}
+FORMATS = ("native", "packed", "gguf", "hf", "compressed")
+QUANTIZED_FORMATS = ("packed", "compressed")  # hold quantized weights as stored
+_LOADERS = {"native": load_native, "gguf": load_gguf, "hf": load_hf, "compressed": load_compressed}
+_CONFIG_READERS = {"native": read_config, "packed": read_config, "gguf": read_gguf_config, "hf": read_hf_config,
+                   "compressed": read_compressed_config}
 
 
 def checkpoint_format(path: str | Path) -> str:
@@ -53,7 +57,9 @@ def checkpoint_format(path: str | Path) -> str:
         raise CheckpointError(f"{path} is neither a checkpoint folder nor a .gguf file")
     if (path / QUANT_FILE).is_file():
         return "packed"
-    return "hf" if is_hf_folder(path) else "native"
+    if not is_hf_folder(path):
+        return "native"
+    return "compressed" if is_compressed_folder(path) else "hf"
 
 
 def load_checkpoint(
@@ -76,7 +82,8 @@ def read_model_config(path: str | Path) -> ModelConfig:
 
 
 __all__ = [
-    "CONFIG_FILE", "FORMATS", "QUANT_FILE", "WEIGHTS_FILE", "CheckpointError", "atomic_folder", "check_writable",
+    "CONFIG_FILE", "FORMATS", "QUANTIZED_FORMATS", "QUANT_FILE", "WEIGHTS_FILE", "CheckpointError", "atomic_folder",
+    "check_writable",
     "checkpoint_format", "expected_shapes", "load_checkpoint", "load_quantized", "read_config", "read_metadata",
     "read_model_config", "save_checkpoint", "save_quantized", "training_context",
 ]

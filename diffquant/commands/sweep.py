@@ -8,7 +8,7 @@ import json
 from .. import distributed
 from ..offload import add_arguments as add_dispatch_arguments
 from ..offload import dispatch_options
-from ..sweep import ATTN_IMPLS, DEFAULT_CALIB_TOKENS, PERPLEXITY_TASKS, TARGETS
+from ..sweep import AS_STORED, ATTN_IMPLS, DEFAULT_CALIB_TOKENS, PERPLEXITY_TASKS, TARGETS
 from ..tasks import SUBSETS
 from . import nonfinite_exit
 
@@ -16,9 +16,11 @@ from . import nonfinite_exit
 def register(sub) -> None:
     p = sub.add_parser("sweep", help="quantize at several bit widths and score tasks (resumable JSONL records)")
     p.add_argument("checkpoints", nargs="+", help="checkpoint folders or .gguf files")
-    p.add_argument("--target", required=True, help=f"what to quantize: {' | '.join(TARGETS)}")
-    p.add_argument("--bits", type=int, nargs="+", default=[16, 8, 6, 4],
-                   help="bit widths; 16 = the unquantized model (default: 16 8 6 4)")
+    p.add_argument("--target", required=True,
+                   help=f"what to quantize: {' | '.join(TARGETS)} (none: the model as stored, e.g. a packed, "
+                        "compressed-tensors or GGUF Q8_0/Q4_0 model, at 16 bits only)")
+    p.add_argument("--bits", type=int, nargs="+", default=None,
+                   help="bit widths; 16 = the unquantized model (default: 16 8 6 4; 16 for --target none)")
     p.add_argument("--granularity", default=None,
                    help="activation targets: sequence (one scale per sequence, default; old name tensor) | head | "
                         "head_map (per head and Diff map) | row | token")
@@ -61,7 +63,8 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     tasks = [t for t in args.tasks.split(",") if t.strip()]
-    summary = run_sweep(args.checkpoints, args.out, args.target, args.bits, tasks, granularity=args.granularity,
+    bits = args.bits or ([16] if args.target == AS_STORED else [16, 8, 6, 4])
+    summary = run_sweep(args.checkpoints, args.out, args.target, bits, tasks, granularity=args.granularity,
                         group_size=args.group_size, limit=args.limit, subset=args.subset, seed=args.seed,
                         batch_size=args.batch_size,
                         calib_tokens=args.calib_tokens, calib_data=args.calib_data, attn_impl=args.attn_impl,
