@@ -24,6 +24,7 @@ log = logging.getLogger("diffquant")
 
 EXIT_USAGE = 2  # bad input: a one-line message on stderr, never a traceback
 EXIT_INTERNAL = 1  # a bug: one line and the hint to rerun with -v
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a Unix tool whose reader closed the pipe
 # Our error, plus what the library raises for bad values (ValueError) and the file system for paths (OSError).
 INPUT_ERRORS = (UserError, ValueError, OSError)
 
@@ -68,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
         check_outputs(outputs)
         with distributed.session():  # torchrun / accelerate launch: join the process group
             return args.func(args)
+    except BrokenPipeError:  # `diffquant info X | head`: the reader left; stop quietly, as Unix tools do
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
     except INPUT_ERRORS as exc:
         if args.verbose:
             raise
@@ -81,6 +85,15 @@ def main(argv: list[str] | None = None) -> int:
             raise
         say(f"diffquant: internal error: {type(exc).__name__}: {first_line(exc)} (rerun with -v for the traceback)")
         return EXIT_INTERNAL
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's flush at exit does not hit the closed pipe again."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def _say(line: str) -> None:

@@ -70,6 +70,21 @@ def device(text: str) -> str:
     return text
 
 
+def add_device_argument(parser: argparse.ArgumentParser) -> None:
+    """``--device`` of every command that runs a model (checked by :func:`device` once the parser is built)."""
+    parser.add_argument("--device", default=None,
+                        help="cpu, cuda[:N] or mps (default: cuda when available, else cpu)")
+
+
+def chosen_device(args: argparse.Namespace) -> str:
+    """The ``--device`` given, else cuda when available, else cpu."""
+    import torch
+
+    if getattr(args, "device", None):
+        return args.device
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def check_numbers(parser: argparse.ArgumentParser) -> None:
     """Give every sub-command's int, float and device options the checked types above."""
     for action in _all_actions(parser):

@@ -40,6 +40,7 @@ import torch
 from torch import nn
 
 from .checkpoint import load_checkpoint
+from .checkpoint.compressed import is_compressed_folder
 from .checkpoint.files import CheckpointError, check_capacity
 from .checkpoint.hf import is_hf_folder, weight_files
 from .config import SIZE_LIMITS
@@ -427,6 +428,6 @@ def _checked_config(path: Path):
 
 def load_for_profiling(path: str | Path, dtype: torch.dtype = torch.float32) -> nn.Module:
     """``HFProbed`` over an HF folder (profiled natively), else our checkpoint or GGUF via ``load_checkpoint``."""
-    if Path(path).is_dir() and is_hf_folder(path):
+    if Path(path).is_dir() and is_hf_folder(path) and not is_compressed_folder(path):  # compressed: ours
         return HFProbed(load_hf_model(path, dtype))
     return load_checkpoint(path, dtype=dtype)

@@ -29,7 +29,9 @@ def register(sub) -> None:
                               "diffquant convert m.gguf m-q4.gguf --to gguf --gguf-type q4_0")
     p.add_argument("source", help="checkpoint folder, packed quantized folder or .gguf file (--to), or an HF folder "
                                   "(--from hf)")
-    p.add_argument("out", help="output folder (hf, diffquant) or .gguf file")
+    p.add_argument("out", nargs="?", action=_Positional, default=None,
+                   help="output folder (hf, diffquant) or .gguf file (or --out)")
+    p.add_argument("--out", dest="out", default=None, help="output folder (hf, diffquant) or .gguf file")
     way = p.add_mutually_exclusive_group(required=True)
     way.add_argument("--to", choices=["hf", "gguf"],
                      help="hf: an HF folder (Transformer -> Llama, Diff -> DiffLlama; quantized checkpoints as "
@@ -47,7 +49,17 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+class _Positional(argparse.Action):
+    """The old positional OUT: an absent one leaves ``--out``'s value alone."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if values is not None:
+            setattr(namespace, self.dest, values)
+
+
 def run(args: argparse.Namespace) -> int:
+    if not args.out:
+        raise UserError("give the output: --out PATH (a folder, or a .gguf file for --to gguf)")
     out = Path(args.out)
     check_writable(out, args.overwrite, hint="pass --overwrite to replace it")  # before the conversion's work
     dtype = DTYPES[args.dtype] if args.dtype else None

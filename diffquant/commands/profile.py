@@ -7,7 +7,7 @@ from pathlib import Path
 
 from .. import distributed
 from ..checkpoint import WEIGHTS_FILE, read_metadata, training_context
-from ..cliargs import hist_plot_path
+from ..cliargs import add_device_argument, chosen_device, hist_plot_path
 from ..data import documents, encode_documents
 from ..errors import UserError
 from ..hf_probes import load_for_profiling
@@ -38,10 +38,12 @@ def register(sub) -> None:
     p.add_argument("--exact-median", action="store_true", help="second pass: exact fp32 medians")
     p.add_argument("--chunk", type=int, default=None, help="eager attention query-chunk size (long inputs)")
     p.add_argument("--tokenizer", default=None, help="override the checkpoint's tokenizer")
-    p.add_argument("--json", default=None, help="write the records here (a list, one per checkpoint)")
+    p.add_argument("--out", "--json", dest="json", default=None,
+                   help="JSON file for the records (a list, one per checkpoint); --json is the old name")
     p.add_argument("--plot", default=None, help="PNG: per-layer top-1/top-10/median (+ -hist.png histograms)")
     p.add_argument("--training-plot", default=None, help="PNG: statistics against training tokens, per arch")
     p.add_argument("--format", choices=sorted(FORMATS), default="markdown")
+    add_device_argument(p)
     add_dispatch_arguments(p)
     p.set_defaults(func=run)
 
@@ -52,6 +54,8 @@ def profile_checkpoint(path: str, args, tokenizer: Tokenizer | None = None) -> d
     model = load_dispatched(path, **dispatch) if dispatch else load_for_profiling(path)  # HF folders natively
     if distributed.is_distributed() and not dispatch:
         model.to(distributed.local_device())  # NCCL: this rank's GPU; gloo: the CPU
+    elif not dispatch:
+        model.to(chosen_device(args))
     tok = tokenizer_for(path, tokenizer or args.tokenizer)
     seq_len, source = window_length(path, model.config.max_seq_len, args.seq_len)
     if seq_len > model.config.max_seq_len:

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from ..calibration import DEFAULT_CALIB_TOKENS
+from ..cliargs import add_device_argument, chosen_device
 from ..errors import UserError
 from ..kinds import ACT_GRANULARITIES, GRANULARITY_ALIASES, HEAD_GRANULARITIES, SEQUENCE
 from ..quant import weight_methods
@@ -45,6 +46,7 @@ def register(sub) -> None:
     p.add_argument("--dtype", default="float16", choices=DTYPES,
                    help="storage of the float tensors: unquantized weights, norms, scales (default float16)")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out folder")
+    add_device_argument(p)
     p.set_defaults(func=run)
 
 
@@ -73,17 +75,21 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--bits/--group-size need --weights rtn|gptq")
     if config == QuantConfig():
         raise UserError("nothing to quantize: give --weights, --act-bits or --logit-bits")
+    if args.tokenizer and args.weights != "gptq":
+        raise UserError("--tokenizer tokenizes GPTQ's calibration text; --weights "
+                        f"{args.weights} reads no text")
     if is_native_hf(source):
         return _run_native(args, source, out, config)
-    model = load_checkpoint(source)
+    model = load_checkpoint(source, device=chosen_device(args))
     fp16_bytes = fp16_file_bytes(model)  # the float baseline, measured before quantizing in place
     start = time.perf_counter()
     calib, calib_info, tokenizer = None, {}, None
     if config.weights is not None and config.weights.handler.needs_calibration:
         calib, calib_info, tokenizer = gptq_calibration(source, model, args.calib_tokens, args.calib_seq_len,
                                                         args.seed, args.tokenizer)
-    quantize_(model, config, calib=calib)
+    quantize_(model, config, calib=calib if calib is None else calib.to(chosen_device(args)))
     seconds = time.perf_counter() - start
+    model.cpu()
     extra = _tokenizer_files(source, tokenizer)
     save_quantized(model.eval(), out, overwrite=args.overwrite, dtype=getattr(torch, args.dtype), extra_files=extra,
                    metadata={"source": str(source), "command": "diffquant " + " ".join(args.argv)})
@@ -105,15 +111,16 @@ def _run_native(args: argparse.Namespace, source: Path, out: Path, config) -> in
                         "the dequantized weights); sweep activation and logit quantization with `diffquant sweep`")
     if config.weights is not None and (refusal := refuse_export(config.weights.handler, HF_DEQUANTIZED, source)):
         raise UserError(refusal)
-    model = load_probed_hf(source)
+    model = load_probed_hf(source, chosen_device(args))
     conv1d = conv1d_names(model.hf)
     start = time.perf_counter()
     calib, calib_info = None, {}
     if config.weights is not None and config.weights.handler.needs_calibration:
         calib, calib_info, _ = gptq_calibration(source, model, args.calib_tokens, args.calib_seq_len, args.seed,
                                                 args.tokenizer)
-    quantize_(model, config, calib=calib)
+    quantize_(model, config, calib=calib if calib is None else calib.to(chosen_device(args)))
     seconds = time.perf_counter() - start
+    model.cpu()
     note = {"source": str(source), "command": "diffquant " + " ".join(args.argv), "quant_config": config.to_dict(),
             "format": "float HF folder, dequantized weights"}
     save_dequantized(model, out, conv1d, note, overwrite=args.overwrite, extra_files=_tokenizer_files(source, None))

@@ -23,7 +23,7 @@ def register(sub) -> None:
                         "gated / clipped model with the Transformer of its matched config (same run family first)")
     p.add_argument("--n-boot", type=int, default=10000, help="bootstrap resamples")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
-    p.add_argument("--output", default=None, help="also write the table to this file")
+    p.add_argument("--out", "--output", dest="output", default=None, help="also write the table to this file")
     p.set_defaults(func=run)
 
 

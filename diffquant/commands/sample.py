@@ -33,7 +33,8 @@ def run(args: argparse.Namespace) -> int:
                              max_len=args.max_len, shard_tokens=args.shard_tokens or DEFAULT_SHARD_TOKENS,
                              command=command)
     rates = [s["tokens_per_s"] for s in manifest["shards"]]
-    print(json.dumps({"out": args.out, "tokens": manifest["tokens"], "stories": manifest["stories"],
+    print(json.dumps({"out": args.out, "tokens_requested": args.tokens, "tokens": manifest["tokens"],
+                      "note": "at least --tokens, in whole shards", "stories": manifest["stories"],
                       "shards": len(manifest["shards"]),
                       "tokens_per_s": round(sum(rates) / len(rates)) if rates else None}, indent=2))
     return 0

@@ -6,6 +6,7 @@ import argparse
 import json
 
 from .. import distributed
+from ..cliargs import add_device_argument, chosen_device
 from ..offload import add_arguments as add_dispatch_arguments
 from ..offload import dispatch_options
 from ..sweep import AS_STORED, ATTN_IMPLS, DEFAULT_CALIB_TOKENS, PERPLEXITY_TASKS, TARGETS
@@ -45,7 +46,7 @@ def register(sub) -> None:
                    help="tokenizer file for every checkpoint (default: each one's own; HF folders without one "
                         "need it)")
     p.add_argument("--attn-impl", default="eager", help=f"{' | '.join(ATTN_IMPLS)} (attention targets run eager)")
-    p.add_argument("--device", default="cpu")
+    add_device_argument(p)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--out", required=True, help="JSONL records file (appended; finished cells are skipped)")
     p.add_argument("--no-table", action="store_true", help="do not print the degradation table afterwards")
@@ -68,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
                         group_size=args.group_size, limit=args.limit, subset=args.subset, seed=args.seed,
                         batch_size=args.batch_size,
                         calib_tokens=args.calib_tokens, calib_data=args.calib_data, attn_impl=args.attn_impl,
-                        device=args.device, dispatch=dispatch_options(args), tokenizer=args.tokenizer)
+                        device=chosen_device(args), dispatch=dispatch_options(args), tokenizer=args.tokenizer)
     if not distributed.is_main():  # data parallel: rank 0 prints
         return 0
     if not args.no_table:
