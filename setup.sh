@@ -9,8 +9,9 @@ VENV=${DIFFQUANT_VENV:-.venv}
 "$VENV/bin/python" -m pip install -q --upgrade pip
 # torch first and pinned: the CPU build lies on disk; an unpinned torch would pull a multi-GB CUDA build.
 "$VENV/bin/python" -m pip install -q torch==2.13.0
-# lmeval: lm-evaluation-harness, for the adapter and its tests (adds datasets, pandas, ...; torch is untouched)
-"$VENV/bin/python" -m pip install -q -e '.[dev,bnb,big,lmeval]'
+# every extra the README uses: lmeval (lm-evaluation-harness, for the adapter and its tests; adds datasets,
+# pandas, ...; torch is untouched), export (compressed-tensors, which transformers needs to load our exports)
+"$VENV/bin/python" -m pip install -q -e '.[dev,bnb,big,lmeval,export]'
 if [ "${1:-}" != "--no-demo" ]; then
     "$VENV/bin/diffquant" demo
 fi

@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 __all__ = ["FORMAT", "pack_int32", "quantization_config", "save_compressed"]
 
 FORMAT = "pack-quantized"
+DENSE_KEY = "diffquant_dense"  # safetensors metadata: the quantized Linears written dense (Diff's o_proj)
 CT_VERSION = "0.20.1"  # the compressed-tensors release whose format this follows (its config "version")
 _HF_LINEAR = {"attn.q_proj": "self_attn.q_proj", "attn.k_proj": "self_attn.k_proj", "attn.v_proj": "self_attn.v_proj",
               "attn.out_proj": "self_attn.o_proj", "mlp.gate_proj": "mlp.gate_proj", "mlp.up_proj": "mlp.up_proj",
@@ -142,10 +143,15 @@ def save_compressed(model: LM, path: str | Path, tokenizer=None, overwrite: bool
     with atomic_folder(path, overwrite) as tmp:
         tensors = _float_hf_into(tmp, float_model, tokenizer, dtype)
         kept = {k: v for k, v in tensors.items() if k.removesuffix(".weight") not in schemes}
-        write_safetensors({**kept, **quantized}, tmp / WEIGHTS_FILE, metadata={"format": "pt"})
+        write_safetensors({**kept, **quantized}, tmp / WEIGHTS_FILE,
+                          metadata={"format": "pt", DENSE_KEY: json.dumps([hf_linear_name(n) for n in dense])})
         _add_quantization_config(tmp, quantization_config(schemes, ignore))
     log.info("saved %s as compressed-tensors %s (%d quantized Linear layers, %d dense)", path,
              ARCHITECTURES[cfg.arch][1], len(schemes), len(dense))
+    if dense:
+        log.warning("%s: %d quantized o_proj layers are stored dense (their dequantized weights, with Diff's "
+                    "head-norm weight folded in, which a per-row scale cannot hold); listed in the metadata's %s "
+                    "and the config's ignore list", path, len(dense), DENSE_KEY)
     return path
 
 

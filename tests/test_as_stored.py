@@ -100,3 +100,20 @@ def test_compressed_folder_without_tokenizer_needs_one(artifacts, tmp_path, caps
     assert code == 2 and "--tokenizer" in capsys.readouterr().err
     assert main(["sweep", str(bare), "--target", "none", "--tasks", TASK, "--limit", "1", "--no-table",
                  "--out", str(tmp_path / "r.jsonl"), "--tokenizer", str(default_tokenizer_path())]) == 0
+
+
+def test_diff_export_records_and_logs_the_o_proj_layers_held_dense(tmp_path, capsys, caplog):
+    torch.manual_seed(1)
+    model = randomize_(build_model(tiny_config("diff", vocab_size=8192, d_model=64, n_heads=2, max_seq_len=64)))
+    save_quantized(quantize(model, QuantConfig(weights=WeightQuant("rtn", 4, 32))), tmp_path / "q",
+                   dtype=torch.float32)
+    with caplog.at_level("WARNING"):
+        assert main(["convert", str(tmp_path / "q"), "--to", "hf", "--out", str(tmp_path / "ct")]) == 0
+    held = [f"model.layers.{i}.self_attn.o_proj" for i in range(2)]
+    assert json.loads(capsys.readouterr().out)["held_dense"] == held
+    from diffquant.checkpoint import read_metadata
+
+    assert json.loads(read_metadata(tmp_path / "ct")["diffquant_dense"]) == held
+    assert "stored dense" in caplog.text
+    config = json.loads((tmp_path / "ct" / "config.json").read_text())
+    assert set(held) <= set(config["quantization_config"]["ignore"])

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import atomic_folder, check_writable, load_checkpoint, save_checkpoint
+from ..checkpoint import atomic_folder, check_writable, load_checkpoint, read_metadata, save_checkpoint
 from ..checkpoint.hf import ARCHITECTURES, is_hf_folder, load_hf, save_hf
-from ..compressed import save_compressed
+from ..compressed import DENSE_KEY, save_compressed
 from ..errors import UserError
 from ..gguf_export import GGUF_TYPES, save_gguf
 from ..quant.api import is_quantized
@@ -76,13 +76,16 @@ def run(args: argparse.Namespace) -> int:
 def _to_hf(args, out: Path, dtype) -> dict:
     model = load_checkpoint(args.source)
     tok = _shipped_tokenizer(args)
+    dense = None
     if is_quantized(model):  # RTN / GPTQ codes as they are, in the format transformers and vLLM load
         save_compressed(model, out, tokenizer=tok, overwrite=args.overwrite, dtype=dtype)
+        dense = json.loads(read_metadata(out).get(DENSE_KEY, "[]"))
     else:
         save_hf(model, out, tokenizer=tok, overwrite=args.overwrite, dtype=dtype)
     return {"source": str(args.source), "out": str(out), "format": "hf",
             "architecture": ARCHITECTURES[model.config.arch][1], "tokenizer": tok is not None,
-            "quantization": "compressed-tensors" if is_quantized(model) else None}
+            "quantization": "compressed-tensors" if is_quantized(model) else None,
+            **({"held_dense": dense} if dense else {})}
 
 
 def _to_gguf(args, out: Path) -> dict:
