@@ -26,7 +26,13 @@ bare ``lm_eval --model diffquant`` cannot see this package. ``python -m diffquan
 command line with ``diffquant`` registered first; every argument is lm-eval's own::
 
     python -m diffquant.lmeval --model diffquant --model_args pretrained=runs/small-diff/final \
-        --batch_size 16 --tasks hellaswag --limit 100
+        --batch_size 16 --tasks diffquant_hellaswag --limit 100
+
+Quantization in ``--model_args`` as key=value pairs lm-eval's parser carries: ``weights=rtn|gptq``, ``wbits``,
+``group_size``, ``logit_bits``, ``logit_granularity``, ``act_bits``, ``act_granularity`` (or ``quant=`` a JSON
+file). The tasks ``diffquant_hellaswag``, ``diffquant_arc_easy``, ``diffquant_piqa``, ``diffquant_boolq``,
+``diffquant_openbookqa`` and ``diffquant_copa`` read the sets shipped under ``calib/eval`` (no download; folder
+:data:`TASKS_DIR`, passed as ``--include_path`` unless one is given). A bad argument is one line on stderr, exit 2.
 
 ``--batch_size`` and ``--device`` are lm-eval's own flags there (lm-eval refuses them again in ``--model_args``);
 its default device ``cuda:0`` falls back to the CPU where CUDA is missing, as lm-eval's ``hf`` model does.
@@ -46,6 +52,8 @@ log = logging.getLogger(__name__)
 __all__ = ["lm_class", "main", "register"]  # and DiffquantLM, built on first access (module __getattr__)
 
 REGISTERED_NAME = "diffquant"
+TASKS_DIR = Path(__file__).resolve().parent / "lmeval_tasks"  # lm-eval task YAMLs of the shipped eval sets
+QUANT_ARGS = ("weights", "wbits", "group_size", "logit_bits", "logit_granularity", "act_bits", "act_granularity")
 GENERATE_STEP = 16  # tokens generated between checks for a stop string
 _CLASS = None
 
@@ -93,12 +101,19 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError as exc:
         sys.stderr.write(f"diffquant.lmeval: error: {exc}\n")
         return 2
+    if not any(a.startswith("--include_path") for a in argv) and any(a.startswith("--tasks") for a in argv):
+        argv += ["--include_path", str(TASKS_DIR)]
     saved = sys.argv
     sys.argv = ["lm_eval", *argv]  # lm-eval's parser reads sys.argv itself
     try:
         cli_evaluate()
     except SystemExit as exc:  # argparse and lm-eval exit this way
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except (ValueError, TypeError, OSError) as exc:  # bad --model_args and the like: one line, no traceback
+        from .errors import first_line
+
+        sys.stderr.write(f"diffquant.lmeval: error: {first_line(exc)}\n")
+        return 2
     finally:
         sys.argv = saved
     return 0
@@ -118,17 +133,46 @@ def _quant_config(quant: str):
     return QuantConfig.from_json_text(text) if text.startswith("{") else QuantConfig.from_json_file(quant)
 
 
-def _load_model(pretrained, quant, device: str, calib_tokens: int, seed: int):
+def quant_from_args(quant=None, weights=None, wbits=None, group_size=None, logit_bits=None,
+                    logit_granularity=None, act_bits=None, act_granularity=None):
+    """The QuantConfig of ``--model_args``: ``quant=`` (a QuantConfig, JSON text or a JSON file) or the key=value
+    pairs (``weights=gptq,wbits=4,group_size=32,logit_bits=4``); None when nothing is quantized."""
+    from .quant import ActQuant, QuantConfig, WeightQuant
+
+    pairs = {"weights": weights, "wbits": wbits, "group_size": group_size, "logit_bits": logit_bits,
+             "logit_granularity": logit_granularity, "act_bits": act_bits, "act_granularity": act_granularity}
+    given = {k: v for k, v in pairs.items() if v not in (None, "")}
+    if quant not in (None, "") and given:
+        raise ValueError(f"give quant= or {', '.join(given)}, not both")
+    if quant not in (None, ""):
+        return quant if isinstance(quant, QuantConfig) else _quant_config(str(quant))
+    if not given:
+        return None
+    if (weights is None) != (wbits is None) or (group_size is not None and weights is None):
+        raise ValueError("weights= and wbits= go together (weights=rtn|gptq,wbits=4[,group_size=G])")
+    if logit_granularity is not None and logit_bits is None or act_granularity is not None and act_bits is None:
+        raise ValueError("logit_granularity needs logit_bits, act_granularity needs act_bits")
+    return QuantConfig(
+        weights=None if weights is None else WeightQuant(str(weights), _as_int(wbits, "wbits", 0),
+                                                         None if group_size is None else
+                                                         _as_int(group_size, "group_size", 0)),
+        logits=None if logit_bits is None else ActQuant(_as_int(logit_bits, "logit_bits", 0),
+                                                        logit_granularity or "sequence"),
+        activations=None if act_bits is None else ActQuant(_as_int(act_bits, "act_bits", 0),
+                                                           act_granularity or "token"))
+
+
+def _load_model(pretrained, quant, device: str, calib_tokens: int, seed: int, tokenizer=None):
     """A diffquant model from a checkpoint path (or as given), quantized when ``quant`` says so."""
     import torch
 
     from .checkpoint import load_checkpoint
-    from .quant import QuantConfig, quantize_model
+    from .quant import quantize_model
 
     model = load_checkpoint(pretrained, device=device) if isinstance(pretrained, (str, os.PathLike)) else pretrained
-    if quant is None or quant == "":
+    if quant is None:
         return model
-    config = quant if isinstance(quant, QuantConfig) else _quant_config(str(quant))
+    config = quant
     calib = None
     if config.weights is not None and config.weights.handler.needs_calibration:
         from .calibration import calibration_batch
@@ -138,7 +182,7 @@ def _load_model(pretrained, quant, device: str, calib_tokens: int, seed: int):
         if not isinstance(pretrained, (str, os.PathLike)):
             raise ValueError(f"{config.weights.handler.title} through the adapter needs a checkpoint path (for its "
                              "tokenizer and calibration)")
-        calib = calibration_batch(tokenizer_for(pretrained), model_max_len(model), calib_tokens, seed)
+        calib = calibration_batch(tokenizer_for(pretrained, tokenizer), model_max_len(model), calib_tokens, seed)
         calib = calib.to(next(model.parameters()).device, dtype=torch.long)
     return quantize_model(model, config, calib=calib)
 
@@ -187,20 +231,21 @@ def _build(TemplateLM):
             super().__init__()
             if pretrained is None:
                 raise ValueError("DiffquantLM needs pretrained= (a checkpoint path or a model)")
-            if kwargs:
-                log.warning("DiffquantLM ignores %s", ", ".join(sorted(kwargs)))
+            unknown = sorted(set(kwargs) - set(QUANT_ARGS))
+            if unknown:
+                raise ValueError(f"unknown model_args {', '.join(unknown)}; DiffquantLM takes pretrained, tokenizer, "
+                                 f"quant, {', '.join(QUANT_ARGS)}, bos, max_length, calib_tokens, seed")
+            config = quant_from_args(quant, **kwargs)
             device = _device(device)
             calib_tokens = _as_int(calib_tokens, "calib_tokens", DEFAULT_CALIB_TOKENS)
-            self.model = _load_model(pretrained, quant, device, calib_tokens,
-                                     _as_int(seed, "seed", 0)).eval()
-            if isinstance(tokenizer, Tokenizer):
-                self.tok = tokenizer
-            elif tokenizer is not None:
-                self.tok = Tokenizer.load(tokenizer)
-            elif isinstance(pretrained, (str, os.PathLike)):
-                self.tok = tokenizer_for(Path(pretrained))
+            if isinstance(pretrained, (str, os.PathLike)):  # refuses a model without a tokenizer that fits it
+                self.tok = tokenizer_for(Path(pretrained), tokenizer)
+            elif isinstance(tokenizer, Tokenizer) or tokenizer is not None:
+                self.tok = tokenizer if isinstance(tokenizer, Tokenizer) else Tokenizer.load(tokenizer)
             else:
                 raise ValueError("pass tokenizer= with a model object")
+            self.model = _load_model(pretrained, config, device, calib_tokens,
+                                     _as_int(seed, "seed", 0), self.tok).eval()
             self.batch_size = _as_int(batch_size, "batch_size", 8)
             self.max_length = _as_int(max_length, "max_length", model_max_len(self.model))
             self.bos = _as_bool(bos)
