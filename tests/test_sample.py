@@ -134,11 +134,13 @@ def test_heldout_is_real_cased_text_with_bos():
 
 def test_bad_input_is_one_line(tmp_path, capsys):
     from diffquant import ModelConfig, build_model, save_checkpoint
+    from diffquant.checkpoint import load_checkpoint
+    from diffquant.gguf_export import save_gguf
 
-    bare = tmp_path / "bare.gguf"
-    bare.write_bytes(stories260k_path().read_bytes())
+    bare = tmp_path / "bare.gguf"  # no vocabulary inside, no SentencePiece model beside it
+    save_gguf(load_checkpoint(stories260k_path()), bare)
     assert main(["sample", str(bare), "--tokens", "100", "--out", str(tmp_path / "o")]) == 2
-    assert "no tokenizer" in capsys.readouterr().err
+    assert "embeds no vocabulary" in capsys.readouterr().err
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "manifest.json").write_text("{not json")
@@ -162,7 +164,7 @@ def test_bad_input_is_one_line(tmp_path, capsys):
         load_corpus(tmp_path / "c")
     save_checkpoint(build_model(ModelConfig.preset("tiny")), tmp_path / "ckpt")  # no tokenizer of its own
     assert main(["sample", str(tmp_path / "ckpt"), "--tokens", "100", "--out", str(tmp_path / "o2")]) == 2
-    assert "the model only 128" in capsys.readouterr().err
+    assert "does not fit its vocabulary (128)" in capsys.readouterr().err
 
 
 def test_training_on_a_corpus_ships_its_tokenizer(tmp_path):
