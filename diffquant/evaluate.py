@@ -37,11 +37,11 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
 from . import distributed
 from .dispatch import input_device
 from .io import finite_or_none
+from .progress import progress_bar
 from .tasks import TASKS, Item, canonical_task, limit_ids, load_task
 
 log = logging.getLogger(__name__)
@@ -108,7 +108,7 @@ def score_requests(model, requests: Sequence[Request], batch_size: int = 8, max_
 
     def score_mine() -> dict[int, dict]:
         mine = {}
-        with _eval_mode(model), tqdm(total=len(order), desc=desc, disable=not progress, leave=False) as bar:
+        with _eval_mode(model), progress_bar(total=len(order), desc=desc, disable=not progress, leave=False) as bar:
             for j in distributed.strided(len(batches)):
                 rows = batches[j]
                 logits = _logits(model, _pad([inputs[i] for i in rows], device))

@@ -26,7 +26,6 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from tqdm import tqdm
 
 from . import distributed
 from .attention import attention_impl
@@ -34,6 +33,7 @@ from .dispatch import input_device
 from .io import atomic_write_text
 from .kinds import ATTENTION_KINDS, ATTN_K, ATTN_LOGITS, ATTN_Q, CAUSAL_KINDS, HIDDEN, TOKEN_KINDS
 from .probes import Probe, ProbeCall, hooked, probes
+from .progress import progress_bar
 from .stats import ExactPass, Quantiles, SiteStats
 from .stats_device import CandidateOverflow, DeviceSiteStats, keep_positions
 from .tables import TABLE5_RANKS, outlier_table
@@ -261,7 +261,7 @@ def _profile(model, batches, sites, topk, protocol, exact_median, chunk, n_locat
         eager = not kernel or bool(set(CAUSAL_KINDS) & set(sites) - {ATTN_LOGITS})  # the kernel needs no logits
         with _eager_attention(model, chunk, eager), torch.no_grad(), hooked(model, prof.hook,
                                                                              kinds=prof.hook_kinds(sites)):
-            for ids in tqdm(mine, desc=f"profile {label or ''}".strip(), disable=not progress, mininterval=2):
+            for ids in progress_bar(mine, desc=f"profile {label or ''}".strip(), disable=not progress, mininterval=2):
                 prof.run_batch(model, ids)
         prof.finish()
         return None if distributed.is_main() else _shard_state(prof)
@@ -328,7 +328,7 @@ def _exact_pass(model, mine, prof: _Profiler, pooled, chunk, progress: bool) -> 
     def local_pass():
         kinds = tuple(site_pass)
         with _eager_attention(model, chunk), torch.no_grad(), hooked(model, feed, kinds=kinds):
-            for ids in tqdm(mine, desc="exact median pass", disable=not progress, mininterval=2):
+            for ids in progress_bar(mine, desc="exact median pass", disable=not progress, mininterval=2):
                 model(ids.to(_device_of(model)))
         return None if distributed.is_main() else (layer_pass, site_pass)
 

@@ -23,13 +23,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from .checkpoint.files import WEIGHTS_FILE
 from .corpus import MANIFEST, TOKENIZER_NAMES, file_sha256, missing_shards, read_manifest, shard_name, token_dtype
 from .io import TMP_TAG, atomic_path, dump_json
 from .memory import check_fits, kv_cache_bytes
 from .model import LM, KVCache
+from .progress import progress_bar
 from .tokenizer import tokenizer_file_name
 
 log = logging.getLogger(__name__)
@@ -148,7 +148,7 @@ def sample_corpus(teacher: str | Path, out: str | Path, tokens: int, seed: int =
     with atomic_path(tok_copy) as tmp:
         shutil.copyfile(tokenizer.path, tmp)
     _write_manifest(out, settings, shards)  # from here on a killed run resumes with the same command
-    bar = tqdm(total=n_shards, initial=min(len(shards), n_shards), desc="sample shards", disable=not progress)
+    bar = progress_bar(total=n_shards, initial=min(len(shards), n_shards), desc="sample shards", disable=not progress)
     for index in range(len(shards), n_shards):
         start = time.perf_counter()
         ids, n_stories = sample_shard(model, seed, index, shard_tokens, batch_size, settings["bos_id"],

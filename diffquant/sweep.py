@@ -35,8 +35,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from tqdm.auto import tqdm
-
 from . import distributed
 from .calibration import DEFAULT_CALIB_TOKENS, calibration_batch
 from .checkpoint import QUANTIZED_FORMATS, checkpoint_format, load_checkpoint, read_model_config
@@ -52,6 +50,7 @@ from .hf_native import check_native, is_native_hf, load_probed_hf
 from .io import check_output, locked_append
 from .kinds import SEQUENCE, canonical_granularity
 from .memory import check_fits, forward_bytes
+from .progress import progress_bar
 from .quant import ActQuant, QuantConfig, WeightQuant, quantize, weight_method, weight_methods
 from .quant.api import group_size_problem
 from .quant.config import ACT_TARGETS
@@ -263,7 +262,7 @@ def run_sweep(checkpoints: Sequence[str | os.PathLike], out: str | os.PathLike, 
     settings["tokenizer"] = tokenizer
     counts = {"written": 0, "nonfinite": 0}
     progress = progress and distributed.is_main()
-    with _records_file(out) as fh, tqdm(total=total, desc="sweep", disable=not progress) as bar:
+    with _records_file(out) as fh, progress_bar(total=total, desc="sweep", disable=not progress) as bar:
         todo = distributed.on_main(lambda: _read_plan(out, checkpoints, scheme, bits, resolved, settings))
         bar.update(total - sum(len(c.cells) for c in todo))
         for ckpt in todo:

@@ -23,7 +23,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from .checkpoint import checkpoint_format, load_checkpoint, save_checkpoint
 from .checkpoint.files import read_tensors
@@ -32,6 +31,7 @@ from .errors import UserError
 from .io import atomic_dir, atomic_path, atomic_write_text, finite_or_none, read_json_file, write_safetensors
 from .memory import check_fits, train_bytes
 from .model import LM, build_model, num_params
+from .progress import progress_bar
 from .stream import STREAMED_NOTE, TokenStream, check_steps, memorisation_check
 from .tracking import outlier_point
 
@@ -323,7 +323,8 @@ def train(
 
     forward = torch.compile(model) if cfg.compile else model  # shares the parameters: saving reads ``model``
     t_start, wall_before = time.time(), history["wall_s"]
-    bar = tqdm(total=cfg.steps, initial=start, desc=f"train {model.config.arch}", mininterval=5, dynamic_ncols=True)
+    bar = progress_bar(total=cfg.steps, initial=start, desc=f"train {model.config.arch}", mininterval=5,
+                       dynamic_ncols=True)
     if start == 0 and cfg.track_every:
         _track(model, track, history, 0, cfg)
     try:

@@ -29,13 +29,14 @@ from typing import Iterable
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from diffquant.attention import attention_impl, switchable
 from diffquant.dispatch import input_device, place_like, resident
 from diffquant.quant.linear import QuantLinear
 from diffquant.quant.numerics import PerAxis, code_range, quantize_tensor
 from diffquant.quant.rtn import check_grid, full_grid_params, rtn_codes, weight_granularity
+
+from ..progress import progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -223,7 +224,7 @@ def gptq_quantize_(
     blocks = _blocks(model, names)
     try:
         with _fused_attention(model), torch.no_grad(), \
-                tqdm(total=len(names), desc="gptq", unit="layer", disable=None) as bar:
+                progress_bar(total=len(names), desc="gptq", unit="layer", disable=None) as bar:
             if blocks is None:  # the generic path: each stage from a forward of the whole model
                 run_stages(model, "", list(names), calib, None, bar)
             else:
