@@ -50,10 +50,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """parse_args, except that a command's optional trailing positional (``trailing_positional`` in its defaults,
+    e.g. convert's OUT) may follow its options: argparse fills an optional positional before the options it sees
+    after it (``convert CKPT --to hf OUT`` would leave OUT unrecognised)."""
+    args, extra = parser.parse_known_args(argv)
+    name = getattr(args, "trailing_positional", None)
+    if name and len(extra) == 1 and not extra[0].startswith("-") and getattr(args, name) is None:
+        setattr(args, name, extra[0])
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args = _parse(parser, argv)
     except SystemExit as exc:  # argparse already printed its one-line usage error (or the help)
         return int(exc.code or 0)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,

@@ -16,6 +16,7 @@ from diffquant.hf_probes import HFProbed, load_hf_model
 from diffquant.offload import for_rank, load_dispatched, parse_max_memory
 from diffquant.quant import ActQuant, QuantConfig, WeightQuant
 from diffquant.quant.api import iter_quantized
+from diffquant.tokenizer import default_tokenizer
 
 from .conftest import tiny_config
 from .helpers import randomize_
@@ -27,7 +28,7 @@ pytest.importorskip("accelerate")
 def folder(request, tmp_path_factory):
     torch.manual_seed(0)
     model = randomize_(dq.build_model(tiny_config(request.param, n_layers=4, max_seq_len=32, vocab_size=8192)))
-    path = save_hf(model, tmp_path_factory.mktemp("hf") / request.param)
+    path = save_hf(model, tmp_path_factory.mktemp("hf") / request.param, tokenizer=default_tokenizer())
     return path, sum(p.numel() * 4 for p in model.parameters())
 
 

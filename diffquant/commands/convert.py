@@ -46,7 +46,7 @@ def register(sub) -> None:
     p.add_argument("--embeddings", action="store_true",
                    help="--to gguf q8_0/q4_0 of a float source: also quantize the embedding and output head")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty output folder or file")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, trailing_positional="out")
 
 
 class _Positional(argparse.Action):
