@@ -50,13 +50,17 @@ def origin(tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
     return repo, contents
 
 
+def parked(repo: Path) -> list[dict]:
+    return json.loads((repo / "experiments/campaign/states.json").read_text())["runs"][RUN]
+
+
 def test_park_then_restore_into_a_shallow_clone(origin, tmp_path):
     repo, contents = origin
     done = script(repo, "park_states.sh", RUN)
     assert done.returncode == 0, done.stderr
     tree = git(repo, "ls-files")
     assert "train_log.json" in tree and not any(rel in tree for rel in STATE_FILES)  # out of main's tree again
-    entry = json.loads((repo / "experiments/campaign/states.json").read_text())["runs"][RUN]
+    [entry] = parked(repo)
     assert entry["paths"] == ["diff/branches", "diff/state", "transformer/snapshots"]
     held = git(repo, "ls-tree", "-r", "--name-only", entry["commit"])
     assert all(f"{RUN}/{rel}" in held for rel in STATE_FILES)  # the parked commit holds every file
@@ -89,9 +93,40 @@ def test_park_only_the_named_paths(origin):
     repo, _ = origin
     done = script(repo, "park_states.sh", RUN, "diff/state")
     assert done.returncode == 0, done.stderr
-    entry = json.loads((repo / "experiments/campaign/states.json").read_text())["runs"][RUN]
+    [entry] = parked(repo)
     held = git(repo, "ls-tree", "-r", "--name-only", entry["commit"])
     assert entry["paths"] == ["diff/state"] and f"{RUN}/diff/state/optimizer.safetensors" in held
     assert f"{RUN}/diff/branches/step000004/model.safetensors" not in held
     missing = script(repo, "park_states.sh", RUN, "diff/nope")
     assert missing.returncode == 2 and "not a folder" in missing.stderr
+
+
+def test_parts_tracked_in_the_tree_and_parked_again(origin, tmp_path):
+    """States main's tree still tracks are parked without a new commit (HEAD holds them); a run gathers one part per
+    commit, a path parked again replaces its older part, and a restore writes every part back."""
+    repo, contents = origin
+    git(repo, "add", "-f", f"{RUN}/diff/branches")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "tracked like the old campaign runs")
+    tracked_at = git(repo, "rev-parse", "HEAD").strip()
+    assert script(repo, "park_states.sh", RUN, "diff/branches").returncode == 0
+    assert parked(repo) == [{"commit": tracked_at, "paths": ["diff/branches"], "note": "parked by park_states.sh"}]
+    assert "diff/branches" not in git(repo, "ls-files")
+
+    assert script(repo, "park_states.sh", RUN, "diff/state").returncode == 0  # a second part, a new commit
+    (repo / RUN / "diff/state/optimizer.safetensors").write_bytes(b"later step")  # the run went on
+    contents["diff/state/optimizer.safetensors"] = b"later step"
+    done = script(repo, "park_states.sh", RUN, "diff/state")
+    assert done.returncode == 0, done.stderr
+    parts = parked(repo)
+    assert [p["paths"] for p in parts] == [["diff/branches"], ["diff/state"]] and parts[0]["commit"] == tracked_at
+
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", "--depth", "1", "--single-branch", f"file://{repo}", str(clone)],
+                   check=True)
+    done = script(clone, "restore_states.sh", RUN)
+    assert done.returncode == 0, done.stderr
+    for rel, data in contents.items():
+        if rel.startswith("diff/"):
+            assert (clone / RUN / rel).read_bytes() == data
+    listing = script(clone, "restore_states.sh", "--list").stdout.splitlines()
+    assert len(listing) == 2 and all(line.startswith(RUN) for line in listing)

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Park a run's resumable states, branches and snapshots (its state/, branches/ and snapshots/ folders, which git
-# ignores) in main's history without keeping them in main's tree: one commit adds them, the next removes them again
-# and records the first in experiments/campaign/states.json, from where restore_states.sh brings them back into any
-# clone. The files on disk are left as they are. Park only what a later session must resume: every parked byte
-# counts twice against a submission's diff budget (added, then removed).
+# ignores) in main's history without keeping them in main's tree: one commit adds them (or, where main's tree still
+# tracks them unchanged, HEAD already holds them), the next removes them again and records the first in
+# experiments/campaign/states.json, from where restore_states.sh brings them back into any clone. A run may have
+# several parked parts (one per commit); parking a path again replaces its older part. The files on disk are left
+# as they are. Park only what a later session must resume: every newly added byte counts twice against a
+# submission's diff budget (added, then removed).
 #   bash experiments/campaign/park_states.sh RUN [PATH ...]   RUN: a run folder, e.g. experiments/campaign/long/xs-lr3e-3-s0;
 #                                                             PATHs inside it (e.g. diff/state): park only those
+#   NOTE="step 1,881 of 4,096: ..." sets the note restore_states.sh --list shows (how to continue the run)
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 STATES=${STATES:-experiments/campaign/states.json}
@@ -24,15 +27,19 @@ fi
 [ ${#rel[@]} -gt 0 ] || die "$run has no state/, branches/ or snapshots/ to park"
 full=(); for p in "${rel[@]}"; do full+=("$run/$p"); done
 git add -f -- "${full[@]}"
-git commit -q -m "park: $run's ${rel[*]} (bash experiments/campaign/restore_states.sh $run brings them back)"
-commit=$(git rev-parse HEAD)
+if ! git diff --cached --quiet; then
+  git commit -q -m "park: $run's ${rel[*]} (bash experiments/campaign/restore_states.sh $run brings them back)"
+fi
+commit=$(git rev-parse HEAD)  # holds every path: just committed, or tracked unchanged in main's tree
 git rm -r -q --cached -- "${full[@]}"
 python3 - "$STATES" "$run" "$commit" "${rel[@]}" <<'PY'
 import json, os, sys
 path, run, commit, *paths = sys.argv[1:]
 with open(path) as fh:
     states = json.load(fh)
-states["runs"][run] = {"commit": commit, "paths": paths, "note": "parked by park_states.sh"}
+parts = [dict(p, paths=[q for q in p["paths"] if q not in paths]) for p in states["runs"].get(run, [])]
+parts = [p for p in parts if p["paths"]]  # a path parked again leaves its older part
+states["runs"][run] = parts + [{"commit": commit, "paths": paths, "note": os.environ.get("NOTE", "parked by park_states.sh")}]
 states["runs"] = dict(sorted(states["runs"].items()))
 tmp = f"{path}.tmp"
 with open(tmp, "w") as fh:

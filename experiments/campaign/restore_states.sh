@@ -13,21 +13,28 @@ die() { echo "restore_states.sh: $*" >&2; exit 2; }
 runs_json() { python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))["runs"]))' "$STATES"; }
 if [ "${1:-}" = "--list" ]; then
   runs_json | python3 -c 'import json,sys
-for run, e in json.load(sys.stdin).items(): print(run, e["commit"][:9], " ".join(e["paths"]), "--", e.get("note", ""))'
+for run, parts in json.load(sys.stdin).items():
+    for p in parts: print(run, p["commit"][:9], " ".join(p["paths"]), "--", p.get("note", ""))'
   exit 0
 fi
 [ $# -gt 0 ] || die "name a run (--list shows them)"
 for run in "$@"; do
   run=${run%/}
-  entry=$(runs_json | python3 -c 'import json,sys; r=json.load(sys.stdin).get(sys.argv[1]); print("" if r is None else r["commit"]+" "+" ".join(r["paths"]))' "$run")
-  [ -n "$entry" ] || die "$run is not in $STATES (--list shows the parked runs)"
-  read -r commit paths <<< "$entry"
-  read -ra rel <<< "$paths"
-  full=(); for p in "${rel[@]}"; do full+=("$run/$p"); [ ! -e "$run/$p" ] || die "$run/$p exists: move it away first"; done
-  if ! git cat-file -e "$commit^{commit}" 2>/dev/null; then
-    echo "fetching ${commit:0:9} (depth 1) ..." >&2
-    git fetch -q --depth 1 "${REMOTE:-origin}" "$commit" || die "cannot fetch $commit from ${REMOTE:-origin}"
-  fi
-  git archive "$commit" -- "${full[@]}" | tar -x
-  echo "restored ${full[*]} from ${commit:0:9}"
+  # one line per parked part: "COMMIT PATH ..."
+  parts=$(runs_json | python3 -c 'import json,sys
+for p in json.load(sys.stdin).get(sys.argv[1], []): print(p["commit"], *p["paths"])' "$run")
+  [ -n "$parts" ] || die "$run is not in $STATES (--list shows the parked runs)"
+  while read -r commit paths; do  # refuse before writing anything
+    for p in $paths; do [ ! -e "$run/$p" ] || die "$run/$p exists: move it away first"; done
+  done <<< "$parts"
+  while read -r commit paths; do
+    read -ra rel <<< "$paths"
+    full=(); for p in "${rel[@]}"; do full+=("$run/$p"); done
+    if ! git cat-file -e "$commit^{commit}" 2>/dev/null; then
+      echo "fetching ${commit:0:9} (depth 1) ..." >&2
+      git fetch -q --depth 1 "${REMOTE:-origin}" "$commit" < /dev/null || die "cannot fetch $commit from ${REMOTE:-origin}"
+    fi
+    git archive "$commit" -- "${full[@]}" | tar -x
+    echo "restored ${full[*]} from ${commit:0:9}"
+  done <<< "$parts"
 done
