@@ -33,6 +33,7 @@ from diffquant.tokenizer import Tokenizer
 
 log = logging.getLogger("evaluate_skipped")
 HERE = Path(__file__).resolve().parent
+ARCHS = ("transformer", "diff")  # the order of the H200 run's pairs.json entries
 
 
 def run_gpu_module():
@@ -43,14 +44,21 @@ def run_gpu_module():
     return module
 
 
-def skipped_pair(script, root: Path, preset: str, seed: int, budget: int) -> dict:
-    """The cooled pair of (preset, seed, budget) as run_gpu.py names it, read from ``root``."""
-    runs = [script.Run(preset, seed, arch, root) for arch in script.ARCHS]
-    pair = script.cooled_pair(runs, script.branch_step(budget, script.FULL), budget, script.FULL)
-    missing = [p for p in pair["checkpoints"].values() if not Path(p).is_dir()]
+def skipped_pair(root: Path, preset: str, seed: int, budget: str) -> dict:
+    """The cooled pair of (preset, seed, budget) as the H200 run named it (``cooled/PRESET-sSEED-ARCH-BUDGET``),
+    entered as that run's pairs.json entries are; read from the folders, not from run_gpu.py's current plan (which
+    has been re-planned since)."""
+    folders = {arch: root / "cooled" / f"{preset}-s{seed}-{arch}-{budget}" for arch in ARCHS}
+    missing = [str(f / "final") for f in folders.values() if not (f / "final").is_dir()]
     if missing:
         raise SystemExit(f"no checkpoint at {', '.join(missing)}: unpack ckpt.tgz and results.tgz into --run")
-    return pair
+    tokens = {json.loads((f / "train_log.json").read_text())["tokens_seen"] for f in folders.values()}
+    if len(tokens) != 1:
+        raise SystemExit(f"the two arms of {preset}-s{seed}-{budget} saw different token counts: {sorted(tokens)}")
+    return {"pair": f"{preset}-s{seed}-{budget}", "preset": preset, "seed": seed, "budget": budget,
+            "tokens": tokens.pop(), "cooled": True,
+            "checkpoints": {arch: str(f / "final") for arch, f in folders.items()},
+            "train_logs": {arch: str(f / "train_log.json") for arch, f in folders.items()}}
 
 
 def five_pairs(run: Path, out: Path, new: dict, new_table5: dict) -> None:
@@ -73,14 +81,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--run", required=True, help="the unpacked H200 outputs")
     parser.add_argument("--out", required=True)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--budget", type=int, default=100_000_000)
+    parser.add_argument("--budget", default="100M", help="the budget label of the run's cooled folders")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     torch.set_num_threads(args.threads)
     script, run, out = run_gpu_module(), Path(args.run), Path(args.out)
     plan = script.FULL
-    pair = skipped_pair(script, run, "xs", args.seed, args.budget)
+    pair = skipped_pair(run, "xs", args.seed, args.budget)
     val = heldout_ids(Tokenizer.load(run / "corpus" / "tokenizer.model"))
     start = time.perf_counter()
     table5 = profile_pair(pair, val, plan.seq_len, plan.eval_batch, plan.profile_tokens, "cpu",
