@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from .arches import arch_names, arch_spec, gate_ffn_cut  # noqa: F401  (gate_ffn_cut re-exported)
 from .io import JsonConfig
 
-ATTN_IMPLS = ("eager", "sdpa", "flash")
+ATTN_IMPLS = ("eager", "sdpa", "flash", "triton")  # triton: see diffquant.attention
 # Sanity limits checked before anything is allocated (far above any model this toolkit is meant for).
 SIZE_LIMITS = {"vocab_size": 1 << 21, "d_model": 1 << 16, "n_layers": 1024, "n_heads": 1024, "n_kv_heads": 1024,
                "head_dim": 1 << 12, "ffn_dim": 1 << 18, "max_seq_len": 1 << 21}

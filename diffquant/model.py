@@ -14,8 +14,9 @@ All are decoder-only, pre-RMSNorm, SwiGLU, RoPE, no biases. They differ only in 
 * Clipped (Bondarenko et al., arXiv 2306.12929): ``clip((1 − γ)·softmax(Q Kᵀ/√d) + γ, 0, 1) V``, γ = −12/context,
   so a head can give exact zeros without extreme logits. Always computed on the eager path.
 
-Attention runs as ``eager`` (materialises the logits; the only path probes can observe), ``sdpa`` or
-``flash``; all three give the same outputs. Every intermediate that users study passes through a ``Probe``.
+Attention runs as ``eager`` (materialises the logits; the only path probes can observe), ``sdpa``, ``flash`` or
+``triton`` (Diff inference through one fused Triton kernel, see :mod:`diffquant.attention`); all give the same
+outputs. Every intermediate that users study passes through a ``Probe``.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from torch import nn
 
 from . import kinds
 from .arches import arch_spec
-from .attention import set_attention_
+from .attention import diff_kernel_applies, set_attention_
 from .config import ATTN_IMPLS, ModelConfig
 from .errors import UserError
 from .probes import Probe
@@ -112,7 +113,7 @@ class KVCache:
 
 
 class Attention(nn.Module):
-    """Standard or differential causal self-attention with GQA and three interchangeable kernels."""
+    """Standard or differential causal self-attention with GQA and interchangeable kernels."""
 
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
@@ -163,20 +164,41 @@ class Attention(nn.Module):
         if cache is not None:  # incremental decoding: attend to every cached position too
             q_offset = cache.length
             k, v = cache.extend(self.layer, k, v)  # (B, K·s, S, d), (B, K, S, s·d)
-        S = k.shape[-2]
-        q = q.view(B, self.n_heads, s, T, d)  # (B, H, s, T, d): sub-heads 2i, 2i+1 -> head i, maps 0, 1
-        k = k.view(B, self.n_kv, s, S, d)  # (B, K, s, S, d)
-        if self.impl == "eager" or not self.fused:  # e.g. no fused kernel computes a clipped softmax
-            attn = self._eager(q, _repeat_kv(k, self.n_rep), _repeat_kv(v, self.n_rep), q_offset)
-        else:
-            attn = self._fused(q, k, v, q_offset)  # (B, H, T, s·d)
-        if self.is_diff:
-            attn = self.subln(attn) * (1 - self.lambda_init)
+        attn = self._attend(q, k, v, q_offset)  # (B, H, T, s·d)
         if self.is_gated:
             gate = torch.sigmoid(self.gate_proj(x)).view(B, T, self.n_heads, d).transpose(1, 2)  # (B, H, T, d)
             attn = attn * self.gate(gate)
         attn = attn.transpose(1, 2).reshape(B, T, self.n_heads * s * d)  # (B, T, H·s·d)
         return self.out_proj(attn)
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offset: int) -> torch.Tensor:
+        """Attention of q (B, H·s, T, d) over k (B, K·s, S, d), v (B, K, S, s·d), Diff's head norm and
+        (1 − λ_init) included: (B, H, T, s·d)."""
+        B, _, T, d = q.shape
+        s, S = self.sub, k.shape[-2]
+        if self.is_diff and diff_kernel_applies(self.impl, q, k, v, *self._diff_parameters()):
+            return self._diff_kernel(q, k, v)
+        q = q.view(B, self.n_heads, s, T, d)  # (B, H, s, T, d): sub-heads 2i, 2i+1 -> head i, maps 0, 1
+        k = k.view(B, self.n_kv, s, S, d)  # (B, K, s, S, d)
+        if self.impl == "eager" or not self.fused:  # e.g. no fused kernel computes a clipped softmax
+            attn = self._eager(q, _repeat_kv(k, self.n_rep), _repeat_kv(v, self.n_rep), q_offset)
+        else:
+            attn = self._fused(q, k, v, q_offset)
+        if self.is_diff:
+            attn = self.subln(attn) * (1 - self.lambda_init)
+        return attn
+
+    def _diff_parameters(self) -> tuple[torch.Tensor, ...]:
+        return self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2, self.subln.weight
+
+    def _diff_kernel(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Both maps, λ, the head norm and (1 − λ_init) in one Triton kernel (forward only; the queries are the
+        last of the key positions, as with a cache). Returns the dtype the sdpa path gives (the norm's output)."""
+        from .kernels.diff_attention import diff_attention_forward  # Triton is optional: imported when used
+
+        out = diff_attention_forward(q, k, v, self.lambda_full(), self.subln.weight, self.lambda_init,
+                                     eps=self.subln.eps)
+        return out.to(torch.promote_types(q.dtype, self.subln.weight.dtype))
 
     # -- eager: the observable path -------------------------------------------------------------------
     def _eager(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offset: int = 0) -> torch.Tensor:
@@ -372,6 +394,7 @@ class LM(nn.Module):
 # attn_impl -> the fused kernel computing softmax(q kᵀ·scale)·v (eager is the observable path, Attention._eager)
 FUSED_KERNELS = {
     "sdpa": _sdpa,
+    "triton": _sdpa,  # where the fused Diff kernel does not apply (other arches, training, no Triton)
     "flash": lambda q, k, v, scale, q_offset: _split_value(_flash, q, k, v, scale, q_offset),
 }
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from diffquant import build_model
-from diffquant.attention import attention_impl, switchable
+from diffquant.attention import attention_impl, diff_kernel_wanted, switchable
 from diffquant.model import FUSED_KERNELS
 from diffquant.quant import QuantConfig, WeightQuant, quantize
 from tests.conftest import tiny_config
@@ -36,4 +36,12 @@ def test_gptq_calibrates_through_it_and_leaves_an_eager_model_eager():
     model.set_attn_impl("eager", chunk=8)
     q = quantize(model, QuantConfig(weights=WeightQuant("gptq", bits=4)), calib=torch.randint(0, 101, (4, 12)))
     assert _settings(q) == [("eager", 8)] * q.config.n_layers
-    assert set(FUSED_KERNELS) == {"sdpa", "flash"}
+    assert set(FUSED_KERNELS) == {"sdpa", "flash", "triton"}
+
+
+@pytest.mark.parametrize("impl,device,auto,wanted", [
+    ("triton", "cuda", True, True), ("triton", "cpu", False, True), ("sdpa", "cuda", True, True),
+    ("sdpa", "cuda", False, False), ("sdpa", "cpu", True, False), ("eager", "cuda", True, False),
+    ("flash", "cuda", True, False), ("triton", "mps", True, False)])
+def test_which_impls_ask_for_the_fused_diff_kernel(impl, device, auto, wanted):
+    assert diff_kernel_wanted(impl, device, auto) is wanted

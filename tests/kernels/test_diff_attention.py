@@ -6,7 +6,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from diffquant import build_model  # noqa: E402
+from diffquant import ModelConfig, build_model  # noqa: E402
 from diffquant.kernels.diff_attention import diff_attention_forward  # noqa: E402  (interpreted: see conftest)
 from diffquant.model import apply_rope, rope_cos_sin  # noqa: E402
 
@@ -46,6 +46,21 @@ def test_fused_forward_equals_the_float64_formula(H, K, T, d):
     assert torch.allclose(got.double(), want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("preset,T,S", [("xs", 96, 96), ("xs", 24, 90), ("small", 80, 80)])
+def test_default_launch_at_the_presets_shapes_equals_the_float64_formula(preset, T, S):
+    """Heads, kv groups and head width of the preset's Diff model (xs: grouped queries, d 8; small: d 32), the
+    default tiles, partial tiles, and queries after cached keys (T < S)."""
+    cfg = ModelConfig.preset(preset, arch="diff")
+    H, K, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    gen = torch.Generator().manual_seed(S)
+    q, k = torch.randn(2, 2 * H, T, d, generator=gen), torch.randn(2, 2 * K, S, d, generator=gen)
+    v = torch.randn(2, K, S, 2 * d, generator=gen)
+    lam, w = torch.rand((), generator=gen), 1 + 0.1 * torch.randn(2 * d, generator=gen)
+    got = diff_attention_forward(*(t.to(DEVICE) for t in (q, k, v, lam, w)), cfg.lambda_init_at(3)).cpu()
+    want = reference(q, k, v, lam, w, cfg.lambda_init_at(3))
+    torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5)
+
+
 def test_fused_forward_reproduces_the_model_attention():
     model = build_model(tiny_config("diff", n_kv_heads=2), seed=1).eval()
     attn, cfg = model.layers[1].attn, model.config
@@ -66,10 +81,12 @@ def test_fused_forward_reproduces_the_model_attention():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_bfloat16_forward_on_cuda():
-    gen = torch.Generator().manual_seed(0)
-    q, k = torch.randn(2, 8, 256, 32, generator=gen), torch.randn(2, 8, 256, 32, generator=gen)
-    v, w = torch.randn(2, 4, 256, 64, generator=gen), torch.ones(64)
-    got = diff_attention_forward(*(t.cuda().bfloat16() for t in (q, k, v)), torch.tensor(0.3).cuda(), w.cuda(), 0.2)
-    want = reference(q.bfloat16().float(), k.bfloat16().float(), v.bfloat16().float(), 0.3, w, 0.2)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("d", [32, 64])  # the small and base presets' head widths (4 and 8 warps)
+def test_16_bit_forward_on_cuda(dtype, d):
+    gen = torch.Generator().manual_seed(d)
+    q, k = torch.randn(2, 8, 256, d, generator=gen), torch.randn(2, 8, 256, d, generator=gen)
+    v, w = torch.randn(2, 4, 256, 2 * d, generator=gen), 1 + 0.1 * torch.randn(2 * d, generator=gen)
+    got = diff_attention_forward(*(t.cuda().to(dtype) for t in (q, k, v)), torch.tensor(0.3).cuda(), w.cuda(), 0.2)
+    want = reference(*(t.to(dtype).float() for t in (q, k, v)), 0.3, w, 0.2)
     assert torch.allclose(got.cpu().double(), want, rtol=3e-2, atol=3e-2)
