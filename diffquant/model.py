@@ -196,8 +196,8 @@ class Attention(nn.Module):
         last of the key positions, as with a cache). Returns the dtype the sdpa path gives (the norm's output)."""
         from .kernels.diff_attention import diff_attention_forward  # Triton is optional: imported when used
 
-        out = diff_attention_forward(q, k, v, self.lambda_full(), self.subln.weight, self.lambda_init,
-                                     eps=self.subln.eps)
+        lam = (self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2)  # λ computed inside the kernel
+        out = diff_attention_forward(q, k, v, lam, self.subln.weight, self.lambda_init, eps=self.subln.eps)
         return out.to(torch.promote_types(q.dtype, self.subln.weight.dtype))
 
     # -- eager: the observable path -------------------------------------------------------------------

@@ -34,6 +34,8 @@ def test_dry_run_writes_the_measurements(script, tmp_path):
         assert finite_positive(r["ratio_diff_over_transformer"])
     if not data["flash_attn"]["available"]:
         assert any(s["impl"] == "flash" for s in data["throughput_skipped"])
+    assert data["diff_kernel"]["available"] is False  # the fused Diff kernel needs CUDA
+    assert any(s["impl"] == "triton" and "needs CUDA" in s["reason"] for s in data["throughput_skipped"])
 
     (prof,) = data["profiling"]
     assert set(prof["ratio_to_eager"]) >= {"hidden", "hidden_logits"}
@@ -63,6 +65,17 @@ def test_dry_run_writes_the_measurements(script, tmp_path):
     md = (tmp_path / "perf_gpu.md").read_text()
     assert "Diff ÷ Transformer" in md and "hidden + logits" in md and "gptq-full" in md
     assert "Training-step throughput" in md and "hidden_logits_syncfree" in md
+
+
+def test_triton_row_times_both_archs_and_says_whether_the_kernel_ran(script):
+    """Where the kernel passes its self-check the row runs; here (the CPU, bf16) the model falls back to sdpa and
+    the row says so."""
+    plan = script.dataclasses.replace(script.DRY, impls=("triton",), repeats=1)
+    rows, skipped = script.throughput(plan, torch.device("cpu"), script.Guard(60), {"available": False},
+                                      {"available": True})
+    (row,) = rows
+    assert skipped == [] and row["impl"] == "triton" and row["diff_kernel_ran"] is False
+    assert finite_positive(row["ratio_diff_over_transformer"])
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the message is for machines without CUDA")

@@ -2,10 +2,11 @@
 
 Per head h (sub-heads 2h, 2h+1 in the projections' own head-major layout), tile by tile as flash attention:
 ``softmax(Q1K1ᵀ/√d)`` and ``softmax(Q2K2ᵀ/√d)`` with online maxima and sums, each times the 2d-wide value of the
-head's kv group, then ``RMSNorm(O1 − λ·O2) · w · (1 − λ_init)`` in the epilogue. Compared with the sdpa path
-(q / k padded to 2d, the value repeated per map, then separate kernels for the λ combination and the norm) it
-reads q / k at width d, multiplies q kᵀ at d instead of 2d, and writes only the final (B, H, T, 2d) output:
-1.5× the Transformer's attention multiply-adds instead of 2×, and one launch instead of ~20 per layer.
+head's kv group, then ``RMSNorm(O1 − λ·O2) · w · (1 − λ_init)`` in the epilogue, λ itself computed from the
+layer's four vectors. Compared with the sdpa path (q / k padded to 2d, the value repeated per map, then separate
+kernels for λ, the map combination and the norm) it reads q / k at width d, multiplies q kᵀ at d instead of 2d,
+and writes only the final (B, H, T, 2d) output: 1.5× the Transformer's attention multiply-adds instead of 2×, and
+one launch instead of ~25 per layer.
 
 Forward only: no autograd. The model runs it for inference (``attn_impl`` "triton", or "sdpa" on CUDA; see
 :func:`diffquant.attention.diff_kernel_applies`) once :func:`self_check` has passed on the device and dtype.
@@ -70,10 +71,27 @@ def _tile(q1, q2, k_ptr, v_ptr, kv1, kv2, vrow, start_n, offs_m, offs_d, offs_v,
 
 
 @triton.jit
-def _diff_forward(q_ptr, k_ptr, v_ptr, o_ptr, lam_ptr, w_ptr,
+def _lambda(lq1_ptr, lk1_ptr, lq2_ptr, lk2_ptr, d, lambda_init, D: tl.constexpr, VECTORS: tl.constexpr):
+    """λ: read (``lq1_ptr`` holds it), or exp(λq1·λk1) − exp(λq2·λk2) + λ_init from the layer's vectors."""
+    if VECTORS:
+        offs = tl.arange(0, D)
+        m = offs < d
+        a = tl.load(lq1_ptr + offs, mask=m, other=0.0).to(tl.float32)
+        b = tl.load(lk1_ptr + offs, mask=m, other=0.0).to(tl.float32)
+        c = tl.load(lq2_ptr + offs, mask=m, other=0.0).to(tl.float32)
+        e = tl.load(lk2_ptr + offs, mask=m, other=0.0).to(tl.float32)
+        lam = tl.exp(tl.sum(a * b, axis=0)) - tl.exp(tl.sum(c * e, axis=0)) + lambda_init
+    else:
+        lam = tl.load(lq1_ptr).to(tl.float32)
+    return lam
+
+
+@triton.jit
+def _diff_forward(q_ptr, k_ptr, v_ptr, o_ptr, lq1_ptr, lk1_ptr, lq2_ptr, lk2_ptr, w_ptr,
                   sqb, sqh, sqt, sqd, skb, skh, skt, skd, svb, svh, svt, svd, sob, soh, sot, sod,
-                  H, T, S, d, n_rep, scale, eps, out_scale,
-                  D: tl.constexpr, DV: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, LOWP: tl.constexpr):
+                  H, T, S, d, n_rep, scale, eps, lambda_init,
+                  D: tl.constexpr, DV: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, LOWP: tl.constexpr,
+                  LAM_VECTORS: tl.constexpr):
     pid = tl.program_id(0)  # (b, h)
     pid_m = tl.program_id(1)
     h = pid % H
@@ -107,13 +125,13 @@ def _diff_forward(q_ptr, k_ptr, v_ptr, o_ptr, lam_ptr, w_ptr,
         m1, m2, l1, l2, acc1, acc2 = _tile(q1, q2, k_ptr, v_ptr, kv1, kv2, vrow, start_n, offs_m, offs_d, offs_v,
                                            m1, m2, l1, l2, acc1, acc2, skt, skd, svt, svd, S, T, d, scale,
                                            BN=BN, MASK=True, LOWP=LOWP)
-    lam = tl.load(lam_ptr)
+    lam = _lambda(lq1_ptr, lk1_ptr, lq2_ptr, lk2_ptr, d, lambda_init, D=D, VECTORS=LAM_VECTORS)
     o = acc1 / l1[:, None] - lam * (acc2 / l2[:, None])
     vmask = offs_v[None, :] < 2 * d
     o = tl.where(vmask, o, 0.0)
     rms = tl.rsqrt(tl.sum(o * o, axis=1) / (2 * d) + eps)
-    w = tl.load(w_ptr + offs_v, mask=offs_v < 2 * d, other=0.0)
-    o = o * rms[:, None] * w[None, :] * out_scale
+    w = tl.load(w_ptr + offs_v, mask=offs_v < 2 * d, other=0.0).to(tl.float32)
+    o = o * rms[:, None] * w[None, :] * (1.0 - lambda_init)
     tl.store(o_ptr + b * sob + h * soh + offs_m[:, None] * sot + offs_v[None, :] * sod, o,
              mask=(offs_m[:, None] < T) & vmask)
 
@@ -124,26 +142,31 @@ def launch_config(d: int) -> tuple[int, int, int]:
     return (64, 64, 4) if 2 * d <= 64 else (64, 64, 8)
 
 
-def diff_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lam: torch.Tensor,
-                           norm_weight: torch.Tensor, lambda_init: float, eps: float = 1e-5,
-                           block: tuple[int, int] | None = None, num_warps: int | None = None) -> torch.Tensor:
+def diff_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           lam: torch.Tensor | tuple[torch.Tensor, ...], norm_weight: torch.Tensor, lambda_init: float,
+                           eps: float = 1e-5, block: tuple[int, int] | None = None,
+                           num_warps: int | None = None) -> torch.Tensor:
     """``q`` (B, 2H, T, d), ``k`` (B, 2K, S, d) with sub-heads 2i, 2i+1 = head i's maps; ``v`` (B, K, S, 2d); ``lam``
-    a 0-d tensor. Returns RMSNorm(softmax(Q1K1ᵀ/√d)V − λ·softmax(Q2K2ᵀ/√d)V)·w·(1 − λ_init): (B, H, T, 2d),
-    float32, causal with the queries at the last T of the S key positions. ``block`` (BM, BN) and ``num_warps``
-    default to :func:`launch_config`."""
+    λ as a 0-d tensor, or the layer's vectors (λq1, λk1, λq2, λk2) of length d, from which the kernel computes
+    λ = exp(λq1·λk1) − exp(λq2·λk2) + λ_init itself (no launches outside it). Returns
+    RMSNorm(softmax(Q1K1ᵀ/√d)V − λ·softmax(Q2K2ᵀ/√d)V)·w·(1 − λ_init): (B, H, T, 2d), float32, causal with the
+    queries at the last T of the S key positions. ``block`` (BM, BN) and ``num_warps`` default to
+    :func:`launch_config`."""
     B, H2, T, d = q.shape
     H, S = H2 // 2, k.shape[2]
     n_rep = H // (k.shape[1] // 2)
     out = torch.empty(B, H, T, 2 * d, dtype=torch.float32, device=q.device)
     BM, BN, warps = launch_config(d)
     BM, BN = block or (BM, BN)
-    lam = lam.detach().float().reshape(1)
-    w = norm_weight.detach().float().contiguous()
+    vectors = isinstance(lam, (tuple, list))
+    lams = tuple(t.detach().contiguous() for t in lam) if vectors else (lam.detach().reshape(1),) * 4
     grid = (B * H, triton.cdiv(T, BM))
-    _diff_forward[grid](q, k, v, out, lam, w, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
-                        H, T, S, d, n_rep, d ** -0.5 * LOG2E, eps, 1.0 - lambda_init,
+    _diff_forward[grid](q, k, v, out, *lams, norm_weight.detach().contiguous(),
+                        *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+                        H, T, S, d, n_rep, d ** -0.5 * LOG2E, eps, float(lambda_init),
                         D=max(16, triton.next_power_of_2(d)), DV=max(16, triton.next_power_of_2(2 * d)), BM=BM, BN=BN,
-                        LOWP=q.dtype in (torch.float16, torch.bfloat16), num_warps=num_warps or warps)
+                        LOWP=q.dtype in (torch.float16, torch.bfloat16), LAM_VECTORS=vectors,
+                        num_warps=num_warps or warps)
     return out
 
 
@@ -183,8 +206,11 @@ def _check(device: torch.device, dtype: torch.dtype) -> bool:
             q = torch.randn(B, 2 * H, T, d, generator=gen).to(dtype)
             k = torch.randn(B, 2 * K, S, d, generator=gen).to(dtype)
             v = torch.randn(B, K, S, 2 * d, generator=gen).to(dtype)
-            lam, w = torch.tensor(0.4), 1 + 0.1 * torch.randn(2 * d, generator=gen)
-            got = diff_attention_forward(*(t.to(device) for t in (q, k, v, lam, w)), 0.3).cpu().double()
+            vectors = 0.3 * torch.randn(4, d, generator=gen)  # λq1, λk1, λq2, λk2, as the model passes them
+            lam = (vectors[0] @ vectors[1]).exp() - (vectors[2] @ vectors[3]).exp() + 0.3
+            w = 1 + 0.1 * torch.randn(2 * d, generator=gen)
+            got = diff_attention_forward(q.to(device), k.to(device), v.to(device), tuple(vectors.to(device)),
+                                         w.to(device), 0.3).cpu().double()
             if not torch.allclose(got, reference(q, k, v, lam, w, 0.3), rtol=tol, atol=tol):
                 log.warning("Diff attention kernel disagrees with the reference on %s (%s): not used", device, dtype)
                 return False

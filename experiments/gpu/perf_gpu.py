@@ -1,5 +1,5 @@
-"""Issue 16's three ratios on one GPU in bf16, side by side in one run (≤ 5 minutes on an H200), or on the CPU at
-toy sizes.
+"""Issues 16 and 38: the GPU speed ratios in bf16, side by side in one run (≤ 5 minutes on an H200), or on the CPU
+at toy sizes.
 
     python experiments/gpu/perf_gpu.py --out experiments/results/gpu-perf     # one H200: ≤ 5 minutes
     python experiments/gpu/perf_gpu.py --dry-run --out /tmp/gpu-perf-dry      # CPU, toy sizes (tested in CI)
@@ -9,24 +9,29 @@ checks it before it starts, and timed repeats stop early (after at least one) on
 skipped is listed in the outputs.
 
 1. **Diff ÷ Transformer forward throughput** at matched parameters (``ModelConfig.preset(name, arch=...)``),
-   presets ``small`` and ``base``, bf16 autocast, fp32 weights: sdpa, and flash-attn where the package imports
-   (its absence is recorded as skipped). Warm-up, then repeats alternating the two archs, each timed between
-   ``torch.cuda.synchronize()`` calls; medians, tokens/s.
+   presets ``small`` and ``base``, bf16 autocast, fp32 weights, one row per attention implementation: ``sdpa``
+   (torch's sdpa alone: the automatic Diff kernel off), ``triton`` (Diff attention through the fused Triton
+   kernel, ``diffquant.kernels.diff_attention``; the Transformer runs sdpa; where the kernel passes its bf16
+   self-check on the device) and flash-attn where the package imports (absences are recorded as skipped).
+   Warm-up, then repeats alternating the two archs, each timed between ``torch.cuda.synchronize()`` calls;
+   medians, tokens/s.
 2. **Profiling overhead**: ``diffquant.profile(model, batches, sites=("hidden", "attn_logits"))`` and hidden-only
    ÷ a plain eager forward over the same batches (Diff, bf16 autocast, alternating repeats, medians), plus an sdpa
    forward for reference and the profiling throughput in tokens/s, for ``small`` and ``base``; each profile in
    its variants: host statistics (``sync_free=False``), sync-free statistics (``sync_free=True``) and, where the
-   Triton kernel passes its self-check on the device, hidden + logits from the kernel with sdpa attention
-   (``logits_kernel=True``; its goal is ≤ 1.5× the sdpa forward).
+   Triton kernel passes its self-check on the device, hidden + logits from the kernel while attention runs fused
+   (``logits_kernel=True``, attention "triton"; its goal is ≤ 1.5× the sdpa forward).
 4. **Training-step throughput**, presets ``xs``, ``s`` and ``small``: forward, cross-entropy, backward and an
    AdamW step under bf16 autocast with sdpa attention; tokens/s and Diff ÷ Transformer.
 
 5. **Attention alone** (``small`` and ``base`` shapes, bf16, no grad): the Transformer's sdpa call, Diff's sdpa
    path as the model runs it (padded q / k, value per map, λ combination, head norm) and the fused Triton Diff
-   forward (``diffquant.kernels.diff_attention``; where Triton runs), as time ratios to the Transformer's.
+   forward (``diffquant.kernels.diff_attention``; where it passes its self-check) at its default launch
+   configuration and at each of ``LAUNCH_CONFIGS``, as time ratios to the Transformer's.
 
 ``--trace DIR`` also records torch-profiler traces (Chrome JSON) and per-kernel tables of one Diff and one
-Transformer sdpa forward and of each profiling variant (small preset; the dry run: tiny), to count kernels.
+Transformer sdpa forward, one Diff forward with the fused kernel (where it runs) and each profiling variant (small
+preset; the dry run: tiny), to count kernels.
 3. **GPTQ 4-bit per channel on stories260K** on the GPU: perplexity before / after (fp32 and bf16 autocast) and
    the wall time of ``quantize_model``; windows as experiments/bench_gptq.py draws them (eval: the first 64 ×
    256 tokens of the cased TinyStories sample; calibration: 128 × 256 tokens of the train split, seed 0), RTN
@@ -51,6 +56,7 @@ import torch
 import torch.nn.functional as F
 
 from diffquant import ModelConfig, build_model, load_checkpoint, num_params, profile
+from diffquant.attention import auto_diff_kernel, diff_kernel_applies
 from diffquant.checkpoint.gguf import stories260k_path
 from diffquant.profile import token_batches
 from diffquant.quant import QuantConfig, WeightQuant, quantize_model
@@ -80,11 +86,13 @@ class Plan:
     eval: tuple[int, int]  # windows, seq_len (cut from bench_gptq's 64 x 256)
 
 
-FULL = Plan(device="cuda", time_limit_s=240, shapes={"small": (64, 256), "base": (8, 1024)}, impls=("sdpa", "flash"),
+FULL = Plan(device="cuda", time_limit_s=240, shapes={"small": (64, 256), "base": (8, 1024)},
+            impls=("sdpa", "triton", "flash"),
             warmup=3, repeats=10, inner=5, profile_tokens={"small": 16384, "base": 65536}, profile_batch=8,
             profile_repeats=3, train_shapes={"xs": (128, 512), "s": (64, 512), "small": (64, 256)},
             gptq_rows=("rtn", "gptq-full"), calib=(128, 256), eval=(64, 256))
-DRY = Plan(device="cpu", time_limit_s=120, shapes={"tiny": (2, 64)}, impls=("sdpa", "flash"), warmup=1, repeats=2,
+DRY = Plan(device="cpu", time_limit_s=120, shapes={"tiny": (2, 64)}, impls=("sdpa", "triton", "flash"), warmup=1,
+           repeats=2,
            inner=1, profile_tokens={"tiny": 256}, profile_batch=2, profile_repeats=1, train_shapes={"tiny": (2, 32)},
            gptq_rows=("rtn", "gptq-full"),
            calib=(4, 64), eval=(2, 64))
@@ -149,13 +157,37 @@ def flash_status() -> dict:
 
 
 def forwards(model, impl: str, batches: list[torch.Tensor], device: torch.device):
-    """A function running ``model`` (attention ``impl``) on each batch, no grad, bf16 autocast."""
+    """A function running ``model`` (attention ``impl``) on each batch, no grad, bf16 autocast; "sdpa" is torch's
+    sdpa alone (the automatic Diff kernel off: "triton" is the row that has it)."""
     def run():
         model.set_attn_impl(impl)
-        with torch.no_grad(), autocast(device):
+        with torch.no_grad(), autocast(device), auto_diff_kernel(False):
             for ids in batches:
                 model(ids)
     return run
+
+
+def diff_kernel_status(device: torch.device) -> dict:
+    """Whether the fused Diff attention kernel runs here in bf16 (CUDA, Triton, self-check passed)."""
+    from diffquant.kernels import available
+
+    if device.type != "cuda" or not available():
+        return {"available": False, "reason": "needs CUDA and triton"}
+    from diffquant.kernels.diff_attention import self_check
+
+    ok = self_check(device, torch.bfloat16)
+    return {"available": ok} | ({} if ok else {"reason": "self-check failed"})
+
+
+def kernel_runs_in(model, device: torch.device) -> bool:
+    """Whether ``model``'s first Diff attention would take the fused kernel for a bf16 inference call now."""
+    attn = model.layers[0].attn
+    B, T, d = 1, 16, attn.head_dim
+    q = torch.zeros(B, 2 * attn.n_heads, T, d, device=device, dtype=torch.bfloat16)
+    k = torch.zeros(B, 2 * attn.n_kv, T, d, device=device, dtype=torch.bfloat16)
+    v = torch.zeros(B, attn.n_kv, T, 2 * d, device=device, dtype=torch.bfloat16)
+    with torch.no_grad():
+        return diff_kernel_applies(attn.impl, q, k, v, *attn._diff_parameters())
 
 
 PROFILE_VARIANTS = {  # name -> (sites, profile keyword arguments)
@@ -169,9 +201,9 @@ PROFILE_VARIANTS = {  # name -> (sites, profile keyword arguments)
 
 def profiling_run(model, batches: list[torch.Tensor], sites: tuple[str, ...], device: torch.device, **options):
     """A function profiling ``sites`` over the batches under bf16 autocast: eager attention, except with the logits
-    kernel, which reads q and k while attention runs sdpa."""
+    kernel, which reads q and k while attention runs fused ("triton": the Diff kernel where it runs, else sdpa)."""
     def run():
-        model.set_attn_impl("sdpa" if options.get("logits_kernel") else "eager")
+        model.set_attn_impl("triton" if options.get("logits_kernel") else "eager")
         with autocast(device):
             profile(model, batches, sites=sites, progress=False, **options)
     return run
@@ -190,16 +222,25 @@ def kernel_status(device: torch.device) -> dict:
 
 # -- 1. throughput ------------------------------------------------------------------------------------------------
 
-def throughput(plan: Plan, device: torch.device, guard: Guard, flash: dict) -> tuple[list[dict], list[dict]]:
+def unavailable(impl: str, flash: dict, diff_kernel: dict) -> str | None:
+    """Why a throughput row of ``impl`` cannot run here (None: it can)."""
+    if impl == "flash" and not flash["available"]:
+        return f"flash-attn not importable: {flash['reason']}"
+    if impl == "triton" and not diff_kernel["available"]:
+        return f"fused Diff kernel: {diff_kernel['reason']}"
+    return None
+
+
+def throughput(plan: Plan, device: torch.device, guard: Guard, flash: dict,
+               diff_kernel: dict) -> tuple[list[dict], list[dict]]:
     rows, skipped = [], []
     for preset, (batch, seq_len) in plan.shapes.items():
         models = {a: build_model(ModelConfig.preset(preset, arch=a), seed=0).to(device).eval() for a in ARCHS}
         params = {a: num_params(m) for a, m in models.items()}
         ids = torch.randint(0, models["diff"].config.vocab_size, (batch, seq_len), device=device)
         for impl in plan.impls:
-            if impl == "flash" and not flash["available"]:
-                skipped.append({"preset": preset, "impl": impl,
-                                "reason": f"flash-attn not importable: {flash['reason']}"})
+            if reason := unavailable(impl, flash, diff_kernel):
+                skipped.append({"preset": preset, "impl": impl, "reason": reason})
                 continue
             if not guard.ok(f"throughput {preset} {impl}"):
                 continue
@@ -212,7 +253,8 @@ def throughput(plan: Plan, device: torch.device, guard: Guard, flash: dict) -> t
             tok_s = {a: batch * seq_len * plan.inner / statistics.median(t) for a, t in times.items()}
             rows.append({"preset": preset, "impl": impl, "batch": batch, "seq_len": seq_len, "params": params,
                          "repeats": len(times["diff"]), "seconds": {a: statistics.median(t) for a, t in times.items()},
-                         "tokens_per_s": tok_s, "ratio_diff_over_transformer": tok_s["diff"] / tok_s["transformer"]})
+                         "tokens_per_s": tok_s, "ratio_diff_over_transformer": tok_s["diff"] / tok_s["transformer"],
+                         "diff_kernel_ran": kernel_runs_in(models["diff"], device)})
         del models
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -221,7 +263,7 @@ def throughput(plan: Plan, device: torch.device, guard: Guard, flash: dict) -> t
 
 # -- 2. profiling overhead ----------------------------------------------------------------------------------------
 
-def profiling(plan: Plan, device: torch.device, guard: Guard, kernel: dict) -> list[dict]:
+def profiling(plan: Plan, device: torch.device, guard: Guard, kernel: dict, diff_kernel: dict) -> list[dict]:
     rows = []
     for preset, tokens in plan.profile_tokens.items():
         if not guard.ok(f"profiling {preset}"):
@@ -235,6 +277,8 @@ def profiling(plan: Plan, device: torch.device, guard: Guard, kernel: dict) -> l
 
         fns = {"plain_eager": forwards(model, "eager", batches, device),
                "plain_sdpa": forwards(model, "sdpa", batches, device)}
+        if diff_kernel["available"]:
+            fns["plain_triton"] = forwards(model, "triton", batches, device)
         for name, (sites, options) in PROFILE_VARIANTS.items():
             if name.endswith("_kernel") and not kernel["available"]:
                 continue
@@ -287,9 +331,13 @@ def training(plan: Plan, device: torch.device, guard: Guard) -> list[dict]:
 
 # -- 5. attention alone -------------------------------------------------------------------------------------------
 
+LAUNCH_CONFIGS = ((64, 32, 4), (64, 64, 4), (64, 64, 8), (128, 64, 8), (128, 32, 8))  # (BM, BN, num_warps)
+
+
 def attention_fns(preset: str, B: int, T: int, device: torch.device, fused: bool) -> dict:
     """Closures running one attention layer's core: the Transformer's sdpa call, Diff's sdpa path as the model runs
-    it, and (``fused``) the Triton Diff forward; bf16 inputs."""
+    it, and (``fused``) the Triton Diff forward at its default launch configuration and at each of
+    ``LAUNCH_CONFIGS``; bf16 inputs."""
     cfg = ModelConfig.preset(preset, arch="diff")
     attn = build_model(cfg, seed=0).layers[0].attn.to(device).eval()
     H, K, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
@@ -311,17 +359,20 @@ def attention_fns(preset: str, B: int, T: int, device: torch.device, fused: bool
     if fused:
         from diffquant.kernels.diff_attention import diff_attention_forward
 
-        fns["diff_fused_kernel"] = lambda: diff_attention_forward(q, k, v, attn.lambda_full(), attn.subln.weight,
-                                                                  attn.lambda_init)
+        def fused_kernel(block=None, warps=None):
+            return lambda: diff_attention_forward(q, k, v, attn.lambda_full(), attn.subln.weight, attn.lambda_init,
+                                                  block=block, num_warps=warps)
+
+        fns["diff_fused_kernel"] = fused_kernel()
+        for bm, bn, warps in LAUNCH_CONFIGS:
+            fns[f"diff_fused_{bm}x{bn}_w{warps}"] = fused_kernel((bm, bn), warps)
     return fns
 
 
-def attention_rows(plan: Plan, device: torch.device, guard: Guard) -> list[dict]:
+def attention_rows(plan: Plan, device: torch.device, guard: Guard, diff_kernel: dict) -> list[dict]:
     """Time one attention layer's core per arch and path on the throughput shapes (no grad)."""
     rows = []
-    from diffquant.kernels import available
-
-    fused = device.type == "cuda" and available()
+    fused = diff_kernel["available"]
     for preset, (batch, seq_len) in plan.shapes.items():
         if not guard.ok(f"attention {preset}"):
             continue
@@ -329,15 +380,17 @@ def attention_rows(plan: Plan, device: torch.device, guard: Guard) -> list[dict]
             times = alternate(attention_fns(preset, batch, seq_len, device, fused), device, plan.warmup,
                               plan.repeats, guard)
         med = {name: statistics.median(t) for name, t in times.items()}
+        configs = {n: t for n, t in med.items() if n.startswith("diff_fused_")}
         rows.append({"preset": preset, "batch": batch, "seq_len": seq_len, "seconds": med,
                      "time_over_transformer": {n: t / med["transformer_sdpa"] for n, t in med.items()},
-                     "fused_kernel": "timed" if fused else "skipped: needs CUDA and triton"})
+                     "fastest_launch_config": min(configs, key=configs.get) if configs else None,
+                     "fused_kernel": "timed" if fused else f"skipped: {diff_kernel.get('reason')}"})
     return rows
 
 
 # -- traces -------------------------------------------------------------------------------------------------------
 
-def traces(plan: Plan, device: torch.device, folder: Path, kernel: dict) -> dict:
+def traces(plan: Plan, device: torch.device, folder: Path, kernel: dict, diff_kernel: dict) -> dict:
     """torch-profiler traces of one sdpa forward per arch and of each profiling variant: Chrome JSON plus a table
     of the kernels (or CPU ops) with their call counts, to see where the time and the launches go."""
     from torch.profiler import ProfilerActivity
@@ -350,6 +403,8 @@ def traces(plan: Plan, device: torch.device, folder: Path, kernel: dict) -> dict
     ids = torch.randint(0, models["diff"].config.vocab_size, (plan.profile_batch, models["diff"].config.max_seq_len),
                         device=device)
     runs = {f"forward_sdpa_{a}": forwards(m, "sdpa", [ids], device) for a, m in models.items()}
+    if diff_kernel["available"]:
+        runs["forward_triton_diff"] = forwards(models["diff"], "triton", [ids], device)
     for name, (sites, options) in PROFILE_VARIANTS.items():
         if not name.endswith("_kernel") or kernel["available"]:
             runs[f"profile_{name}"] = profiling_run(models["diff"], [ids], sites, device, **options)
@@ -409,7 +464,7 @@ def gptq(plan: Plan, device: torch.device, guard: Guard) -> dict | None:
 # -- outputs ------------------------------------------------------------------------------------------------------
 
 def markdown(summary: dict) -> str:
-    lines = [f"# Issue 16 on {summary['device_name']} (bf16 autocast)", "",
+    lines = [f"# Issues 16 and 38 on {summary['device_name']} (bf16 autocast)", "",
              f"torch {summary['torch']}; flash-attn: "
              + (summary["flash_attn"].get("version", "") if summary["flash_attn"]["available"]
                 else "not available"), "", "## Diff ÷ Transformer forward throughput (matched parameters)", "",
@@ -422,6 +477,9 @@ def markdown(summary: dict) -> str:
                      f"**{r['ratio_diff_over_transformer']:.3f}** |")
     for s in summary["throughput_skipped"]:
         lines.append(f"| {s['preset']} | {s['impl']} | skipped: {s['reason']} | | | | |")
+    ran = {r["preset"]: r["diff_kernel_ran"] for r in summary["throughput"] if r["impl"] == "triton"}
+    lines += ["", "sdpa: torch's sdpa alone. triton: Diff attention through the fused Triton kernel (the Transformer "
+              f"runs sdpa); the kernel ran: {ran or 'no triton row'}."]
     lines += ["", "## Profiling overhead (Diff; ratios to a plain eager forward over the same batches)", "",
               "| preset | tokens | eager tok/s | hidden ÷ eager | hidden + logits ÷ eager | sdpa ÷ eager | "
               "profiling tok/s (hidden + logits) |", "|---|---|---|---|---|---|---|"]
@@ -430,10 +488,10 @@ def markdown(summary: dict) -> str:
         lines.append(f"| {r['preset']} | {r['tokens']:,} | {t['plain_eager']:,.0f} | {q['hidden']:.2f} | "
                      f"**{q['hidden_logits']:.2f}** | {q['plain_sdpa']:.2f} | {t['hidden_logits']:,.0f} |")
     lines += ["", "### Profiling variants (host statistics, sync-free statistics, Triton logit kernel)", "",
-              f"Triton kernel: {summary['logits_kernel']}", "",
+              f"Triton logit kernel: {summary['logits_kernel']}; fused Diff kernel: {summary['diff_kernel']}", "",
               "| preset | variant | ÷ eager forward | ÷ sdpa forward | tok/s |", "|---|---|---|---|---|"]
     for r in summary["profiling"]:
-        for name in PROFILE_VARIANTS:
+        for name in (*PROFILE_VARIANTS, "plain_triton"):  # plain_triton: a forward with the fused Diff kernel
             if name in r["seconds"]:
                 lines.append(f"| {r['preset']} | {name} | **{r['ratio_to_eager'][name]:.2f}** | "
                              f"{r['ratio_to_sdpa'][name]:.2f} | {r['tokens_per_s'][name]:,.0f} |")
@@ -444,11 +502,13 @@ def markdown(summary: dict) -> str:
         lines.append(f"| {r['preset']} | {r['batch']} × {r['seq_len']} | {t['transformer']:,.0f} | {t['diff']:,.0f} "
                      f"| **{r['ratio_diff_over_transformer']:.3f}** |")
     lines += ["", "## Attention alone (bf16, no grad; time ÷ the Transformer's sdpa call)", "",
-              "| preset | batch × seq | Diff sdpa path | Diff fused Triton kernel |", "|---|---|---|---|"]
+              "| preset | batch × seq | Diff sdpa path | Diff fused Triton kernel | fastest launch config |",
+              "|---|---|---|---|---|"]
     for r in summary["attention"]:
-        q = r["time_over_transformer"]
+        q, best = r["time_over_transformer"], r["fastest_launch_config"]
         fused = f"{q['diff_fused_kernel']:.2f}" if "diff_fused_kernel" in q else r["fused_kernel"]
-        lines.append(f"| {r['preset']} | {r['batch']} × {r['seq_len']} | {q['diff_sdpa']:.2f} | {fused} |")
+        lines.append(f"| {r['preset']} | {r['batch']} × {r['seq_len']} | {q['diff_sdpa']:.2f} | {fused} | "
+                     + (f"{best}: {q[best]:.2f} |" if best else "|"))
     if summary.get("traces"):
         lines += ["", "## Traces (events / device kernels per run)", ""]
         lines += [f"* {k}: {v['events']} events, {v['device_kernels']} device kernels"
@@ -486,26 +546,29 @@ def main(argv: list[str] | None = None) -> dict:
     flash = flash_status()
     times = {}
     start = time.perf_counter()
-    tp, tp_skipped = throughput(plan, device, guard, flash)
+    diff_kernel = diff_kernel_status(device)
+    tp, tp_skipped = throughput(plan, device, guard, flash, diff_kernel)
     times["throughput"] = time.perf_counter() - start
     kernel = kernel_status(device)
-    prof = profiling(plan, device, guard, kernel)
+    prof = profiling(plan, device, guard, kernel, diff_kernel)
     times["profiling"] = time.perf_counter() - start - sum(times.values())
     train = training(plan, device, guard)
     times["training"] = time.perf_counter() - start - sum(times.values())
-    attention = attention_rows(plan, device, guard)
+    attention = attention_rows(plan, device, guard, diff_kernel)
     times["attention"] = time.perf_counter() - start - sum(times.values())
     gq = gptq(plan, device, guard)
     times["gptq"] = time.perf_counter() - start - sum(times.values())
-    traced = traces(plan, device, Path(args.trace), kernel) if args.trace and guard.ok("traces") else None
+    traced = traces(plan, device, Path(args.trace), kernel, diff_kernel) if args.trace and guard.ok("traces") else None
     times["total"] = guard.elapsed()
     summary = {
-        "benchmark": "issue 16 on the GPU: Diff/Transformer throughput, profiling overhead, GPTQ on stories260K",
+        "benchmark": "issues 16 and 38 on the GPU: Diff/Transformer throughput, profiling overhead, attention, "
+                     "training steps, GPTQ on stories260K",
         "dry_run": args.dry_run, "device": device.type,
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "torch": torch.__version__, "cuda": torch.version.cuda, "flash_attn": flash, "dtype": "bf16 autocast",
         "plan": {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(plan).items()},
         "throughput": tp, "throughput_skipped": tp_skipped, "profiling": prof, "logits_kernel": kernel,
+        "diff_kernel": diff_kernel,
         "training": train, "attention": attention, "gptq": gq, "traces": traced,
         "skipped_by_time_guard": guard.skipped, "times_s": times,
     }

@@ -61,6 +61,17 @@ def test_default_launch_at_the_presets_shapes_equals_the_float64_formula(preset,
     torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5)
 
 
+def test_lambda_from_the_layer_vectors_equals_lambda_given():
+    gen = torch.Generator().manual_seed(5)
+    q, k = torch.randn(1, 4, 20, 8, generator=gen), torch.randn(1, 4, 20, 8, generator=gen)
+    v = torch.randn(1, 2, 20, 16, generator=gen)
+    vectors, w = 0.4 * torch.randn(4, 8, generator=gen, dtype=torch.float64), torch.ones(16)
+    lam = (vectors[0] @ vectors[1]).exp() - (vectors[2] @ vectors[3]).exp() + 0.7
+    got = diff_attention_forward(*(t.to(DEVICE) for t in (q, k, v)), tuple(vectors.float().to(DEVICE)), w.to(DEVICE),
+                                 0.7, block=(16, 16)).cpu()
+    torch.testing.assert_close(got.double(), reference(q, k, v, lam, w, 0.7), rtol=1e-4, atol=1e-5)
+
+
 def test_fused_forward_reproduces_the_model_attention():
     model = build_model(tiny_config("diff", n_kv_heads=2), seed=1).eval()
     attn, cfg = model.layers[1].attn, model.config
