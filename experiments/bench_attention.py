@@ -10,21 +10,25 @@ and the ratio Diff/Transformer (the paper reports 0.88-0.95 on H100 with its cus
 one kernel launch on a GPU), the bytes their outputs write (what a memory-bound op costs), the attention calls'
 multiply-adds (their q/k/v widths as dispatched, padding included) and the same for the Diff alternatives
 (padded q/k in one call, the value split over two calls, an ideal fused kernel): where Diff's deficit comes from,
-measured without a GPU.
+measured without a GPU. ``--impls triton`` counts the fused Diff kernel's path: its Triton launch is replaced by
+a no-op counted as one op (the CPU cannot run it outside the interpreter), so the rest are the torch ops around it.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import time
 from collections import Counter
+from unittest import mock
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from diffquant import ModelConfig, build_model
+from diffquant.kernels import available as triton_available
 
 
 def time_forward(model, ids) -> float:
@@ -75,14 +79,44 @@ class OpCounter(TorchDispatchMode):
         return out
 
 
+class _StubLaunch:
+    """Stands in for the fused Diff kernel's Triton launch: counts it, computes nothing."""
+
+    def __init__(self, counter: OpCounter):
+        self.counter = counter
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.counter.ops["triton_diff_forward"] += 1
+        return launch
+
+
+@contextlib.contextmanager
+def stubbed_diff_kernel(counter: OpCounter):
+    """The fused Diff kernel taken on the CPU (float32, no self-check) with its launch counted by ``counter``."""
+    from diffquant.kernels import diff_attention
+
+    saved = diff_attention._diff_forward, diff_attention.interpreted
+    diff_attention._diff_forward, diff_attention.interpreted = _StubLaunch(counter), lambda: True
+    try:
+        with mock.patch.dict(diff_attention._CHECKED, {("cpu", torch.float32): True}):
+            yield
+    finally:
+        diff_attention._diff_forward, diff_attention.interpreted = saved
+
+
 def count_ops(preset: str, batch: int, seq_len: int, impls: list[str]) -> dict:
     """Per arch and impl: ops, bytes written, attention and matmul multiply-adds of one forward."""
     out = {}
     for impl in impls:
+        if impl == "triton" and not triton_available():
+            raise SystemExit("--impls triton needs the triton package")
         for arch in ("transformer", "diff"):
             model = build_model(ModelConfig.preset(preset, arch=arch, attn_impl=impl), seed=0).eval()
             ids = torch.randint(0, model.config.vocab_size, (batch, seq_len))
-            with torch.no_grad(), OpCounter() as c:
+            c = OpCounter()
+            stub = stubbed_diff_kernel(c) if impl == "triton" else contextlib.nullcontext()
+            with torch.no_grad(), stub, c:
                 model(ids)
             out[f"{arch}/{impl}"] = {"ops": sum(c.ops.values()), "bytes_written": sum(c.bytes.values()),
                                      "attn_macs": c.attn_macs, "matmul_macs": c.mm_macs,
