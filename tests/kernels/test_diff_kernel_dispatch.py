@@ -55,7 +55,8 @@ def test_triton_model_equals_the_float64_eager_model(preset, kernel_calls):
     ids = torch.randint(0, model.config.vocab_size, (2, 40), device=DEVICE)
     with torch.no_grad():
         got, want = model(ids), float64_eager(model)(ids)
-        sdpa = model.set_attn_impl("sdpa")(ids)  # the CPU: no automatic kernel, torch's sdpa
+        with auto_diff_kernel(False):
+            sdpa = model.set_attn_impl("sdpa")(ids)  # torch's sdpa alone
     assert len(kernel_calls) == model.config.n_layers  # every layer ran the kernel, once
     assert got.dtype == torch.float32
     torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4)
@@ -81,7 +82,7 @@ def test_training_takes_the_sdpa_path(kernel_calls):
     out.square().mean().backward()
     assert kernel_calls == []
     assert all(p.grad is not None for n, p in model.named_parameters() if "lambda" in n or "subln" in n)
-    with torch.no_grad():
+    with torch.no_grad(), auto_diff_kernel(False):
         torch.testing.assert_close(out, model.set_attn_impl("sdpa")(ids), rtol=0, atol=0)
 
 
@@ -105,7 +106,8 @@ def test_fallbacks_run_the_sdpa_path(case, monkeypatch, kernel_calls):
             assert len(seen) == model.config.n_layers
         else:
             got = model(ids)
-        want = model.set_attn_impl("eager" if case == "attention maps probed" else "sdpa")(ids)
+        with auto_diff_kernel(False):
+            want = model.set_attn_impl("eager" if case == "attention maps probed" else "sdpa")(ids)
     if case == "sdpa off CUDA" and DEVICE == "cuda":
         pytest.skip("on CUDA sdpa takes the kernel")
     assert kernel_calls == []
@@ -131,3 +133,21 @@ def test_supports_only_inputs_the_kernel_takes():
     assert not diff_attention.supports(q.double(), k.double(), v.double())
     assert not diff_attention.supports(q.bfloat16(), k, v)  # e.g. a float32 cache under bf16 autocast
     assert not diff_attention.supports(q, k, v[..., :8])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_bf16_inference_on_cuda_takes_the_kernel_and_is_as_close_as_sdpa(kernel_calls):
+    """What perf_gpu.py times: bf16 autocast, attn_impl "sdpa", the kernel taken automatically."""
+    assert diff_attention.self_check(torch.device(DEVICE), torch.bfloat16)
+    kernel_calls.clear()  # the self-check's own calls
+    model = preset_model("small", "sdpa")
+    ids = torch.randint(0, model.config.vocab_size, (4, 48), device=DEVICE)
+    with torch.no_grad():
+        want = float64_eager(model)(ids)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            got = model(ids).double()
+            with auto_diff_kernel(False):
+                sdpa = model(ids).double()
+    assert len(kernel_calls) == model.config.n_layers
+    assert (got - want).abs().max() <= 1.5 * (sdpa - want).abs().max() + 1e-3
