@@ -80,7 +80,7 @@ def diff_kernel_applies(impl: str, q: torch.Tensor, k: torch.Tensor, v: torch.Te
     """Whether one Diff attention call (rotated ``q`` (B, 2H, T, d), ``k`` (B, 2K, S, d), ``v`` (B, K, S, 2d) and the
     layer's λ / norm ``params``) runs the fused kernel: :func:`diff_kernel_wanted`, no gradient needed (the kernel
     is forward only), not inside ``torch.compile``, Triton importable, inputs the kernel takes, and its one-time
-    self-check passed on this device and dtype."""
+    self-check passed on this device, dtype and head width."""
     if not diff_kernel_wanted(impl, q.device.type, _AUTO["diff_kernel"]) or torch.compiler.is_compiling():
         return False
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, *params)):
@@ -91,4 +91,4 @@ def diff_kernel_applies(impl: str, q: torch.Tensor, k: torch.Tensor, v: torch.Te
         return False
     from .kernels import diff_attention
 
-    return diff_attention.supports(q, k, v) and diff_attention.self_check(q.device, q.dtype)
+    return diff_attention.supports(q, k, v) and diff_attention.self_check(q.device, q.dtype, q.shape[-1])

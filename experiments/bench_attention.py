@@ -93,16 +93,14 @@ class _StubLaunch:
 
 @contextlib.contextmanager
 def stubbed_diff_kernel(counter: OpCounter):
-    """The fused Diff kernel taken on the CPU (float32, no self-check) with its launch counted by ``counter``."""
+    """The fused Diff kernel taken on the CPU (no interpreter, no self-check) with its launch counted by
+    ``counter``."""
     from diffquant.kernels import diff_attention
 
-    saved = diff_attention._diff_forward, diff_attention.interpreted
-    diff_attention._diff_forward, diff_attention.interpreted = _StubLaunch(counter), lambda: True
-    try:
-        with mock.patch.dict(diff_attention._CHECKED, {("cpu", torch.float32): True}):
-            yield
-    finally:
-        diff_attention._diff_forward, diff_attention.interpreted = saved
+    with (mock.patch.object(diff_attention, "_diff_forward", _StubLaunch(counter)),
+          mock.patch.object(diff_attention, "interpreted", lambda: True),
+          mock.patch.object(diff_attention, "self_check", lambda *args: True)):
+        yield
 
 
 def count_ops(preset: str, batch: int, seq_len: int, impls: list[str]) -> dict:

@@ -48,7 +48,7 @@ def test_dry_run_writes_the_measurements(script, tmp_path):
 
     (attn,) = data["attention"]
     assert set(attn["time_over_transformer"]) == {"transformer_sdpa", "diff_sdpa"}  # no Triton run on the CPU
-    assert all(finite_positive(v) for v in attn["seconds"].values())
+    assert all(finite_positive(v) for v in attn["seconds"].values()) and attn["failed"] == {}
 
     traces = data["traces"]
     assert {"forward_sdpa_diff", "forward_sdpa_transformer", "profile_hidden_logits_syncfree"} <= set(traces)

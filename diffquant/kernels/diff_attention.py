@@ -9,7 +9,7 @@ and writes only the final (B, H, T, 2d) output: 1.5× the Transformer's attentio
 one launch instead of ~25 per layer.
 
 Forward only: no autograd. The model runs it for inference (``attn_impl`` "triton", or "sdpa" on CUDA; see
-:func:`diffquant.attention.diff_kernel_applies`) once :func:`self_check` has passed on the device and dtype.
+:func:`diffquant.attention.diff_kernel_applies`) once :func:`self_check` has passed on the device, dtype and head width.
 Numerics: float32 accumulation; float32 inputs multiply in IEEE float32 (tested under ``TRITON_INTERPRET=1``
 against a float64 reference and the model's attention), 16-bit inputs on tensor cores with the probabilities
 rounded to the value's dtype, as flash attention does (checked on CUDA only: the interpreter's 16-bit dot is
@@ -152,6 +152,11 @@ def diff_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     RMSNorm(softmax(Q1K1ᵀ/√d)V − λ·softmax(Q2K2ᵀ/√d)V)·w·(1 − λ_init): (B, H, T, 2d), float32, causal with the
     queries at the last T of the S key positions. ``block`` (BM, BN) and ``num_warps`` default to
     :func:`launch_config`."""
+    return _launch(q, k, v, lam, norm_weight, lambda_init, eps, block, num_warps)
+
+
+def _launch(q, k, v, lam, norm_weight, lambda_init, eps, block, num_warps) -> torch.Tensor:
+    """:func:`diff_attention_forward`'s work (the self-check calls it directly)."""
     B, H2, T, d = q.shape
     H, S = H2 // 2, k.shape[2]
     n_rep = H // (k.shape[1] // 2)
@@ -184,22 +189,23 @@ def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     return on_device and same and max(t.numel() for t in (q, k, v)) < 2**31 and 2 * q.shape[-1] == v.shape[-1]
 
 
-_CHECKED: dict[tuple[str, torch.dtype], bool] = {}
+_CHECKED: dict[tuple[str, torch.dtype, int], bool] = {}
 
 
-def self_check(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether the kernel reproduces the float64 formula on ``device`` in ``dtype`` (small problems: grouped-query
-    heads, partial tiles, queries after cached keys); run once per device and dtype and remembered. Any failure
-    (no Triton backend, a compiler error, a different answer) means no."""
-    key = (str(device), dtype)
+def self_check(device: torch.device, dtype: torch.dtype, d: int = 16) -> bool:
+    """Whether the kernel, compiled for head width ``d``, reproduces the float64 formula on ``device`` in ``dtype``
+    (small problems: grouped-query heads, partial tiles, queries after cached keys); run once per device, dtype
+    and width and remembered. Any failure (no Triton backend, a compiler or resource error at this width, a
+    different answer) means no."""
+    key = (str(device), dtype, d)
     if key not in _CHECKED:
-        _CHECKED[key] = _check(torch.device(device), dtype)
+        _CHECKED[key] = _check(torch.device(device), dtype, d)
     return _CHECKED[key]
 
 
-def _check(device: torch.device, dtype: torch.dtype) -> bool:
+def _check(device: torch.device, dtype: torch.dtype, d: int) -> bool:
     gen = torch.Generator().manual_seed(0)
-    B, H, K, d = 2, 4, 2, 16
+    B, H, K = 2, 4, 2
     tol = 1e-4 if dtype == torch.float32 else 3e-2  # 16-bit: probabilities rounded to the value's dtype
     try:
         for T, S in ((80, 80), (24, 72)):
@@ -209,13 +215,14 @@ def _check(device: torch.device, dtype: torch.dtype) -> bool:
             vectors = 0.3 * torch.randn(4, d, generator=gen)  # λq1, λk1, λq2, λk2, as the model passes them
             lam = (vectors[0] @ vectors[1]).exp() - (vectors[2] @ vectors[3]).exp() + 0.3
             w = 1 + 0.1 * torch.randn(2 * d, generator=gen)
-            got = diff_attention_forward(q.to(device), k.to(device), v.to(device), tuple(vectors.to(device)),
-                                         w.to(device), 0.3).cpu().double()
+            got = _launch(q.to(device), k.to(device), v.to(device), tuple(vectors.to(device)), w.to(device), 0.3,
+                          1e-5, None, None).cpu().double()
             if not torch.allclose(got, reference(q, k, v, lam, w, 0.3), rtol=tol, atol=tol):
-                log.warning("Diff attention kernel disagrees with the reference on %s (%s): not used", device, dtype)
+                log.warning("Diff attention kernel disagrees with the reference on %s (%s, d %d): not used", device,
+                        dtype, d)
                 return False
     except Exception as err:  # noqa: BLE001  (any failure means: use the sdpa path)
-        log.warning("Diff attention kernel unusable on %s (%s): %s", device, dtype, err)
+        log.warning("Diff attention kernel unusable on %s (%s, d %d): %s", device, dtype, d, err)
         return False
     return True
 

@@ -167,16 +167,18 @@ def forwards(model, impl: str, batches: list[torch.Tensor], device: torch.device
     return run
 
 
-def diff_kernel_status(device: torch.device) -> dict:
-    """Whether the fused Diff attention kernel runs here in bf16 (CUDA, Triton, self-check passed)."""
+def diff_kernel_status(device: torch.device, presets) -> dict:
+    """Whether the fused Diff attention kernel runs here in bf16 at the head widths of ``presets``' Diff models
+    (CUDA, Triton, self-check passed)."""
     from diffquant.kernels import available
 
     if device.type != "cuda" or not available():
         return {"available": False, "reason": "needs CUDA and triton"}
     from diffquant.kernels.diff_attention import self_check
 
-    ok = self_check(device, torch.bfloat16)
-    return {"available": ok} | ({} if ok else {"reason": "self-check failed"})
+    widths = sorted({ModelConfig.preset(p, arch="diff").head_dim for p in presets})
+    failed = [d for d in widths if not self_check(device, torch.bfloat16, d)]
+    return {"available": not failed} | ({"reason": f"self-check failed at head width {failed}"} if failed else {})
 
 
 def kernel_runs_in(model, device: torch.device) -> bool:
@@ -369,6 +371,20 @@ def attention_fns(preset: str, B: int, T: int, device: torch.device, fused: bool
     return fns
 
 
+def runnable(fns: dict, device: torch.device) -> tuple[dict, dict]:
+    """The closures that run once without an error (e.g. a launch configuration out of shared memory) and the
+    others' errors."""
+    ok, failed = {}, {}
+    for name, fn in fns.items():
+        try:
+            fn()
+            sync(device)
+            ok[name] = fn
+        except Exception as e:  # noqa: BLE001  (recorded; the others are still timed)
+            failed[name] = f"{type(e).__name__}: {e}"[:300]
+    return ok, failed
+
+
 def attention_rows(plan: Plan, device: torch.device, guard: Guard, diff_kernel: dict) -> list[dict]:
     """Time one attention layer's core per arch and path on the throughput shapes (no grad)."""
     rows = []
@@ -377,14 +393,14 @@ def attention_rows(plan: Plan, device: torch.device, guard: Guard, diff_kernel: 
         if not guard.ok(f"attention {preset}"):
             continue
         with torch.no_grad():
-            times = alternate(attention_fns(preset, batch, seq_len, device, fused), device, plan.warmup,
-                              plan.repeats, guard)
+            fns, failed = runnable(attention_fns(preset, batch, seq_len, device, fused), device)
+            times = alternate(fns, device, plan.warmup, plan.repeats, guard)
         med = {name: statistics.median(t) for name, t in times.items()}
         configs = {n: t for n, t in med.items() if n.startswith("diff_fused_")}
         rows.append({"preset": preset, "batch": batch, "seq_len": seq_len, "seconds": med,
                      "time_over_transformer": {n: t / med["transformer_sdpa"] for n, t in med.items()},
                      "fastest_launch_config": min(configs, key=configs.get) if configs else None,
-                     "fused_kernel": "timed" if fused else f"skipped: {diff_kernel.get('reason')}"})
+                     "failed": failed, "fused_kernel": "timed" if fused else f"skipped: {diff_kernel.get('reason')}"})
     return rows
 
 
@@ -437,7 +453,10 @@ def perplexity(model, x: torch.Tensor, y: torch.Tensor, device: torch.device, bf
 def gptq(plan: Plan, device: torch.device, guard: Guard) -> dict | None:
     if not guard.ok("gptq stories260K"):
         return None
-    model = load_checkpoint(stories260k_path(), device=device).eval()
+    try:
+        model = load_checkpoint(stories260k_path(), device=device).eval()
+    except ImportError as e:  # the gguf package (a wheel to carry where it is not installed)
+        return {"skipped": f"{type(e).__name__}: {e}"[:300]}
     ids = bench_gptq.cased_ids()
     (n_eval, t_eval), (n_calib, t_calib) = plan.eval, plan.calib
     x, y = (w[:n_eval, :t_eval] for w in bench_gptq.eval_windows(ids))
@@ -517,6 +536,8 @@ def markdown(summary: dict) -> str:
     lines += ["", "## 4-bit per channel on stories260K", ""]
     if g is None:
         lines.append("Skipped by the time guard.")
+    elif "skipped" in g:
+        lines.append(f"Skipped: {g['skipped']}")
     else:
         lines += [f"Eval {g['eval']}, calibration {g['calib']}.", "",
                   "| row | ppl fp32 | ppl bf16 | quantize time (s) |", "|---|---|---|---|",
@@ -546,7 +567,7 @@ def main(argv: list[str] | None = None) -> dict:
     flash = flash_status()
     times = {}
     start = time.perf_counter()
-    diff_kernel = diff_kernel_status(device)
+    diff_kernel = diff_kernel_status(device, {*plan.shapes, *plan.profile_tokens})
     tp, tp_skipped = throughput(plan, device, guard, flash, diff_kernel)
     times["throughput"] = time.perf_counter() - start
     kernel = kernel_status(device)

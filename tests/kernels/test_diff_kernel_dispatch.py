@@ -19,8 +19,7 @@ from .conftest import DEVICE  # noqa: E402
 
 @pytest.fixture
 def kernel_calls(monkeypatch):
-    """The (B, 2H, T, d) shape of q of every call into the kernel (its self-check has run before)."""
-    assert diff_attention.self_check(torch.device(DEVICE), torch.float32)
+    """The (B, 2H, T, d) shape of q of every call into the kernel (its self-check launches it directly)."""
     calls = []
     real = diff_attention.diff_attention_forward
 
@@ -94,7 +93,8 @@ def test_fallbacks_run_the_sdpa_path(case, monkeypatch, kernel_calls):
     if case == "no triton":
         monkeypatch.setattr(kernels, "available", lambda: False)
     if case == "self-check failed":
-        monkeypatch.setitem(diff_attention._CHECKED, (str(torch.device(DEVICE)), torch.float32), False)
+        device = torch.zeros(0, device=DEVICE).device  # with its index on CUDA, as the model's tensors
+        monkeypatch.setitem(diff_attention._CHECKED, (str(device), torch.float32, 8), False)
     if case == "float64":  # e.g. the float64 sampling teacher
         model.double()
     ids = torch.randint(0, model.config.vocab_size, (2, 16), device=DEVICE)
@@ -139,8 +139,6 @@ def test_supports_only_inputs_the_kernel_takes():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_bf16_inference_on_cuda_takes_the_kernel_and_is_as_close_as_sdpa(kernel_calls):
     """What perf_gpu.py times: bf16 autocast, attn_impl "sdpa", the kernel taken automatically."""
-    assert diff_attention.self_check(torch.device(DEVICE), torch.bfloat16)
-    kernel_calls.clear()  # the self-check's own calls
     model = preset_model("small", "sdpa")
     ids = torch.randint(0, model.config.vocab_size, (4, 48), device=DEVICE)
     with torch.no_grad():
