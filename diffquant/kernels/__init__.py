@@ -6,11 +6,13 @@ imported, and the kernels' modules import it at their top.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 
 __all__ = ["available"]
 
 
+@functools.cache  # asked on every fused Diff attention call
 def available() -> bool:
     """Whether Triton is installed (the kernels still need CUDA, or the interpreter, to run)."""
     return importlib.util.find_spec("triton") is not None
