@@ -182,13 +182,13 @@ def diff_kernel_status(device: torch.device, presets) -> dict:
 
 
 def kernel_runs_in(model, device: torch.device) -> bool:
-    """Whether ``model``'s first Diff attention would take the fused kernel for a bf16 inference call now."""
+    """Whether ``model``'s first Diff attention takes the fused kernel for a bf16 call as :func:`forwards` runs it."""
     attn = model.layers[0].attn
     B, T, d = 1, 16, attn.head_dim
     q = torch.zeros(B, 2 * attn.n_heads, T, d, device=device, dtype=torch.bfloat16)
     k = torch.zeros(B, 2 * attn.n_kv, T, d, device=device, dtype=torch.bfloat16)
     v = torch.zeros(B, attn.n_kv, T, 2 * d, device=device, dtype=torch.bfloat16)
-    with torch.no_grad():
+    with torch.no_grad(), auto_diff_kernel(False):
         return diff_kernel_applies(attn.impl, q, k, v, *attn._diff_parameters())
 
 
