@@ -29,7 +29,8 @@ def test_the_built_in_rows():
 
 
 def test_a_dummy_arch_touches_one_place(dummy):
-    from diffquant import config, plots, regime, report, tables
+    from diffquant import config, plots, report, tables
+    from diffquant.study.pair import ARCH_SHORT
 
     cfg = tiny_config("transformer").matched("dummy")
     assert cfg.arch == "dummy" and cfg.ffn_dim == tiny_config("transformer").ffn_dim - 32
@@ -41,7 +42,7 @@ def test_a_dummy_arch_touches_one_place(dummy):
     logits = model(torch.randint(0, cfg.vocab_size, (2, 9)))
     assert logits.shape == (2, 9, cfg.vocab_size) and torch.isfinite(logits).all()
     assert report.ARCH_NAMES["dummy"] == "Dummy" and plots.ARCH_COLORS["dummy"] == "tab:olive"
-    assert plots.LINESTYLES["dummy"] == (0, (1, 1)) and regime.ARCH_SHORT["dummy"] == "Y"
+    assert plots.LINESTYLES["dummy"] == (0, (1, 1)) and ARCH_SHORT["dummy"] == "Y"
     assert report._family("stories-dummy-s0") == "stories--s0"
     assert dict(tables.SITE_NAMES)["attn_gate"] == "attention gate"
     with pytest.raises(ValueError, match="already registered"):

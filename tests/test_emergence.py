@@ -81,7 +81,8 @@ def test_one_quiet_block_after_growth_is_not_flattened():
 
 
 def test_emergence_table_and_files(tmp_path):
-    from diffquant.regime import emergence_table, write_emergence
+    from diffquant.study.emergence_table import emergence_table
+    from diffquant.study.outputs import write_emergence
 
     steps = np.arange(24, dtype=float)
     growing = np.stack([10 + 2 * steps] * 2, axis=1)

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from diffquant.regime import GRANULARITIES
+from diffquant.study.figure8 import GRANULARITIES
 
 from .helpers import load_script
 

@@ -10,7 +10,8 @@ follow the imports transitively:
     :data:`ALLOWED_QUANT_TO_MODEL`;
 (c) library modules never reach the CLI (``diffquant.commands``, ``diffquant.cli``, ``diffquant.cliargs``,
     ``diffquant.__main__``);
-(d) library modules never call ``print`` (they log), except the calls listed in :data:`ALLOWED_PRINTS`.
+(d) library modules never call ``print`` (they log), except the calls listed in :data:`ALLOWED_PRINTS`;
+(e) library modules never reach the study (``diffquant.study``), which sits above the library and below the CLI.
 
 The allow-lists (all empty) are a ratchet: a new violation fails,
 and so does an entry that no longer exists, so the list shrinks when a knot is untied. Importing a submodule
@@ -41,6 +42,7 @@ ALLOWED_QUANT_TO_MODEL: set[tuple[str, str]] = set()
 ALLOWED_PRINTS: set[tuple[str, int]] = set()
 
 CLI_MODULES = ("diffquant.cli", "diffquant.cliargs", "diffquant.__main__", "diffquant.commands")
+STUDY = "diffquant.study"
 
 
 # ------------------------------------------------------------------------------------------------ the checker
@@ -215,6 +217,20 @@ def cli_violations(graph: dict[str, set[str]], package: str) -> list[str]:
     return problems
 
 
+def study_violations(graph: dict[str, set[str]], package: str) -> list[str]:
+    """Library modules (neither the CLI nor the study) that reach the study package."""
+    study = STUDY.replace(PACKAGE, package, 1)
+    above = [m.replace(PACKAGE, package, 1) for m in CLI_MODULES] + [study]
+    problems = []
+    for module in sorted(m for m in graph if not _in(m, above)):
+        for target in sorted(t for t in graph if _in(t, [study])):
+            chain = path_between(graph, module, target)
+            if chain:
+                problems.append(f"library module {module} reaches the study: {' -> '.join(chain)}")
+                break
+    return problems
+
+
 def print_calls(trees: dict[str, ast.AST], package: str) -> set[tuple[str, int]]:
     """(module, line) of every ``print(...)`` call in a library module (strings and comments do not count)."""
     cli = [m.replace(PACKAGE, package, 1) for m in CLI_MODULES]
@@ -240,6 +256,7 @@ def test_graph_is_the_package(parsed):
     assert "diffquant.quant.registry" in graph["diffquant.hf_native"]  # lazy relative import
     assert "diffquant.quant.config" in graph["diffquant.quant.methods.rtn"]  # lazy absolute import
     assert "diffquant.commands" in graph["diffquant.cli"]
+    assert "diffquant.study.verdict" in graph["diffquant.commands.demo"]
     assert "diffquant.quant.config" in graph["diffquant.quant.linear"]
     assert len(graph) >= 50
 
@@ -269,6 +286,12 @@ def test_allowed_quant_edges_still_exist(parsed):
 
 def test_library_does_not_reach_the_cli(parsed):
     assert cli_violations(parsed[0], PACKAGE) == []
+
+
+def test_library_does_not_reach_the_study(parsed):
+    graph = parsed[0]
+    assert any(_in(m, [STUDY]) for m in graph), "the study package is part of the graph"
+    assert study_violations(graph, PACKAGE) == []
 
 
 def test_library_logs_instead_of_printing(parsed):
@@ -306,6 +329,10 @@ def test_checker_catches_violations(tmp_path):
         "cli.py": "def main():\n    print('hi')\n",
         "commands/__init__.py": "",
         "commands/run.py": "from ..report import show\n",
+        "study/__init__.py": "",
+        "study/gate.py": "from ..model import X\n",
+        "summary.py": "def table():\n    from .study import gate\n    return gate\n",
+        "loader2.py": "from .summary import table\n",
     })
     graph, trees = import_graph(tmp_path / pkg, pkg)
     assert graph["fakepkg.b"] == {"fakepkg.c"}
@@ -326,6 +353,10 @@ def test_checker_catches_violations(tmp_path):
 
     assert print_calls(trees, pkg) == {("fakepkg.report", 4)}
 
+    assert study_violations(graph, pkg) == [
+        "library module fakepkg.loader2 reaches the study: fakepkg.loader2 -> fakepkg.summary -> fakepkg.study.gate",
+        "library module fakepkg.summary reaches the study: fakepkg.summary -> fakepkg.study.gate"]
+
 
 def test_checker_accepts_a_clean_package(tmp_path):
     pkg = "cleanpkg"
@@ -336,11 +367,14 @@ def test_checker_accepts_a_clean_package(tmp_path):
         "quant/__init__.py": "from .act import Q\n",
         "quant/act.py": "from ..probes import P\nfrom cleanpkg.quant import numerics\nQ = P\n",
         "quant/numerics.py": "import torch  # outside the package: ignored\n",
-        "cli.py": "from .model import M\nprint(M)\n",
+        "cli.py": "from .model import M\nfrom .study import verdict\nprint(M, verdict)\n",
+        "study/__init__.py": "",
+        "study/verdict.py": "from ..model import M\nV = M\n",
     })
     graph, trees = import_graph(tmp_path / pkg, pkg)
     assert graph["cleanpkg.quant.act"] == {"cleanpkg.probes", "cleanpkg.quant.numerics"}
     assert cycles(graph) == []
     assert quant_model_violations(graph, pkg, set()) == []
     assert cli_violations(graph, pkg) == []
+    assert study_violations(graph, pkg) == []
     assert print_calls(trees, pkg) == set()

@@ -147,23 +147,24 @@ def test_cli_teacher_errors_are_one_line_exit_2(tmp_path, capsys):
 def test_gate_table_has_a_memorisation_column(tmp_path):
     import json
 
-    from diffquant import regime
+    from diffquant.study.gate import gate_table
+    from diffquant.study.memorisation import memorisation_cell, memorisation_of
 
     logs = {}
     for arch, streamed, gap in (("transformer", True, 0.004), ("diff", True, -0.002)):
         logs[arch] = tmp_path / f"{arch}.json"
         logs[arch].write_text(json.dumps({"data": {"streamed": streamed},
                                           "memorisation": {"gap": gap, "se": 0.005}}))
-    memo = regime.memorisation_of({"train_logs": {k: str(v) for k, v in logs.items()}})
+    memo = memorisation_of({"train_logs": {k: str(v) for k, v in logs.items()}})
     row = {"pair": "p", "tokens": 10, "gate": True, "logit_top1": {"transformer": 1.0, "diff": 1.0},
            "ppl_growth_4bit": {"transformer": {}, "diff": {}}, "checkpoints": {"transformer": "t", "diff": "d"},
            "memorisation": memo}
-    cell = regime.gate_table([row]).splitlines()[-1].split("|")[-2].strip()
+    cell = gate_table([row]).splitlines()[-1].split("|")[-2].strip()
     assert cell == "streamed: none by construction (T 0.004 ± 0.005 / D -0.002 ± 0.005)"
     corpus = {a: {**m, "streamed": False} for a, m in memo.items()}
-    assert regime.memorisation_cell(corpus) == "T 0.004 ± 0.005 / D -0.002 ± 0.005"
-    assert regime.memorisation_cell({}) == "not measured"
-    assert regime.memorisation_of({"train_logs": {"diff": str(tmp_path / "missing.json")}}) == {}
+    assert memorisation_cell(corpus) == "T 0.004 ± 0.005 / D -0.002 ± 0.005"
+    assert memorisation_cell({}) == "not measured"
+    assert memorisation_of({"train_logs": {"diff": str(tmp_path / "missing.json")}}) == {}
 
 
 def test_cli_corpus_run_with_a_teacher_logs_its_memorisation_check(tmp_path, capsys):

@@ -33,7 +33,10 @@ from ..errors import UserError
 from ..io import atomic_write_text
 from ..kinds import ATTN_LOGITS
 from ..profile import profile, token_batches
-from ..regime import GRANULARITIES, gate_table, profile_pair, sites_table, sweep_pair, verdict
+from ..study.figure8 import GRANULARITIES, sweep_pair
+from ..study.gate import gate_table
+from ..study.table5 import profile_pair, sites_table
+from ..study.verdict import verdict
 from ..tables import outlier_table, ratio_table
 from ..tokenizer import tokenizer_for
 

@@ -15,9 +15,9 @@ Pairs (identical data order within a pair; every arm is set against the Transfor
 Every pair is profiled on the real cased TinyStories held-out text (its first 64 windows of 512 tokens as in
 part 1, global protocol, exact medians) and its attention logits swept at 16/8/6/4 bits with three scale
 granularities on that text and on the held-out books (the first 48 windows of 512 tokens of each). The
-best-trained pairs are also scored zero-shot (regime.ZEROSHOT_TASKS) and swept only on the tasks where every arm
-is above chance (diffquant.chance; zeroshot.md). Each long run's tracked outliers are averaged in blocks of
-8.39M tokens with the flattening rule of diffquant.emergence (emergence.md).
+best-trained pairs are also scored zero-shot (diffquant.study.zeroshot.ZEROSHOT_TASKS) and swept only on the
+tasks where every arm is above chance (diffquant.chance; zeroshot.md). Each long run's tracked outliers are
+averaged in blocks of 8.39M tokens with the flattening rule of diffquant.emergence (emergence.md).
 Resumable: finished profiles and sweep cells are kept under --out and skipped on a rerun.
 """
 
@@ -38,17 +38,12 @@ from diffquant.emergence import block_means
 from diffquant.io import atomic_write_text
 from diffquant.plots import plot_tracked
 from diffquant.records import read_records
-from diffquant.regime import (
-    profile_pair,
-    sweep_pair,
-    sweep_path,
-    tokens_label,
-    verdict,
-    write_emergence,
-    write_outputs,
-    write_zeroshot,
-    zeroshot_check,
-)
+from diffquant.study.figure8 import sweep_pair, sweep_path
+from diffquant.study.outputs import write_emergence, write_outputs, write_zeroshot
+from diffquant.study.pair import tokens_label
+from diffquant.study.table5 import profile_pair
+from diffquant.study.verdict import verdict
+from diffquant.study.zeroshot import zeroshot_check
 from diffquant.tokenizer import Tokenizer
 from diffquant.tracking import diff_lambdas
 

@@ -9,7 +9,7 @@ whole real cased TinyStories held-out text (Table 5, global protocol) and swept 
 scale granularities on that text and 200 windows of the held-out books (Figure 8): ``run_gpu.FULL``'s settings
 (sequence length 512, batch 32), only the device differs. Outputs under ``--out``: ``table5/PAIR.json``,
 ``figure8/PAIR.jsonl``, ``PAIR.json`` (the verdict), and ``five-pairs/`` — the verdict files of the four pairs the
-H200 evaluated plus this one (``regime.write_outputs``; its figure8 records are copies of the run's).
+H200 evaluated plus this one (``diffquant.study.outputs.write_outputs``; its figure8 records are copies of the run's).
 """
 
 from __future__ import annotations
@@ -28,7 +28,10 @@ import torch
 from diffquant.corpus import heldout_ids
 from diffquant.io import atomic_write_text
 from diffquant.records import read_records
-from diffquant.regime import profile_pair, sweep_pair, sweep_path, verdict, write_outputs
+from diffquant.study.figure8 import sweep_pair, sweep_path
+from diffquant.study.outputs import write_outputs
+from diffquant.study.table5 import profile_pair
+from diffquant.study.verdict import verdict
 from diffquant.tokenizer import Tokenizer
 
 log = logging.getLogger("evaluate_skipped")

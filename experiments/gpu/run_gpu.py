@@ -33,14 +33,14 @@ Steps (each phase has a deadline; the script stops gracefully and evaluates what
    Figure-8 sweep of the attention logits at 16/8/6/4 bits with the three scale granularities below on that text
    and on the held-out books (``figure8/PAIR.jsonl``), and issue 13's gate per pair: Transformer logit top-1 ≥ 100
    and 4-bit per-sequence logits at least doubling its TinyStories perplexity.
-4. **Outputs** under ``--out`` (``diffquant.regime.write_outputs``): ``pairs.json``, ``gate.md`` (with the
+4. **Outputs** under ``--out`` (``diffquant.study.outputs.write_outputs``): ``pairs.json``, ``gate.md`` (with the
    memorisation column), ``table5.md``, ``figure8.md``, ``seeds.md`` / ``seeds.json``, ``trend.md`` /
    ``trend.png``, ``emergence.md`` / ``emergence.json``, ``zeroshot.md`` / ``zeroshot.json`` and
    ``summary.json`` (plan, timings, sampling and training throughput, what the guard skipped).
 
 Granularities: issue 13's three — "tensor" (one scale per sequence; both Diff maps share it), "head" (per
 sequence and head) and "head_map" (per head and Diff map). Zero-shot: each size's best-trained pairs are scored
-unquantized on ``regime.ZEROSHOT_TASKS`` and swept only on the tasks where every arm is above chance.
+unquantized on ``diffquant.study.zeroshot.ZEROSHOT_TASKS`` and swept only on the tasks where every arm is above chance.
 
 The plan (issue 37), **planned from one H200's measurements** (2026-12-04, ``experiments/results/gpu/2026-12-04-h200``;
 only the xs and sampling rates were measured, the others are estimates and the guard keeps each call inside its
@@ -84,19 +84,13 @@ from diffquant.corpus import heldout_ids
 from diffquant.emergence import block_means
 from diffquant.io import atomic_write_text
 from diffquant.records import read_records
-from diffquant.regime import (
-    ZEROSHOT_TASKS,
-    profile_pair,
-    sweep_pair,
-    sweep_path,
-    tokens_label,
-    verdict,
-    write_emergence,
-    write_outputs,
-    write_zeroshot,
-    zeroshot_check,
-)
 from diffquant.stream import TokenStream
+from diffquant.study.figure8 import sweep_pair, sweep_path
+from diffquant.study.outputs import write_emergence, write_outputs, write_zeroshot
+from diffquant.study.pair import tokens_label
+from diffquant.study.table5 import profile_pair
+from diffquant.study.verdict import verdict
+from diffquant.study.zeroshot import ZEROSHOT_TASKS, zeroshot_check
 from diffquant.tokenizer import tokenizer_file_name, tokenizer_for
 from diffquant.train import TrainConfig, TrainingDiverged, train
 

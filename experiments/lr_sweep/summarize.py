@@ -29,7 +29,7 @@ from diffquant.checkpoint.gguf import stories260k_path, stories260k_tokenizer_pa
 from diffquant.corpus import heldout_ids  # noqa: E402
 from diffquant.emergence import max_over_layers  # noqa: E402
 from diffquant.quant import ActQuant, QuantConfig, quantize_model  # noqa: E402
-from diffquant.regime import GATE_LOGIT_TOP1, GATE_PPL_FACTOR  # noqa: E402
+from diffquant.study.gate import GATE_LOGIT_TOP1, GATE_PPL_FACTOR  # noqa: E402
 from diffquant.tokenizer import Tokenizer  # noqa: E402
 from diffquant.train import eval_windows, mean_loss  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""Outlier-regime verdicts: the gate, where top values sit, and the statistics over seeds (the end-to-end path
+"""The study (diffquant.study): the gate, where top values sit, and the statistics over seeds (the end-to-end path
 through profile and sweep runs in tests/test_gpu_script.py's dry run)."""
 
 import json
@@ -8,9 +8,11 @@ import random
 import pytest
 import torch
 
-from diffquant import regime
 from diffquant.kinds import SEQUENCE
 from diffquant.report import Comparison
+from diffquant.study import figure8, gate, outputs, seeds, trend, verdict, zeroshot
+from diffquant.study.table5 import top_sites
+from diffquant.tracking import diff_lambdas
 
 
 def ppl_records(arch: str, base: float, growth: dict[str, float]) -> list[dict]:
@@ -34,11 +36,11 @@ PAIR = {"pair": "p", "preset": "xs", "seed": 0, "budget": "b", "tokens": 10,
 
 @pytest.mark.parametrize("t_top1, t_growth, gate", [(150.0, 2.5, True), (99.0, 9.0, False), (300.0, 1.9, False)])
 def test_the_gate_needs_both_a_large_logit_and_a_doubling_perplexity(monkeypatch, t_top1, t_growth, gate):
-    monkeypatch.setattr(regime, "comparison_rows", lambda records: [])
-    growth = {g: t_growth for g in regime.GRANULARITIES}
+    monkeypatch.setattr(verdict, "comparison_rows", lambda records: [])
+    growth = {g: t_growth for g in figure8.GRANULARITIES}
     records = ppl_records("transformer", 7.0, growth) + ppl_records("diff", 8.0, growth)
     records += ppl_records("gated", 6.0, growth)
-    res = regime.verdict(PAIR, table5({"transformer": t_top1, "diff": 50.0, "gated": 25.0},
+    res = verdict.verdict(PAIR, table5({"transformer": t_top1, "diff": 50.0, "gated": 25.0},
                                       {"transformer": 40.0, "diff": 10.0, "gated": 80.0}), records)
     assert res["gate"] is gate
     assert res["ppl_growth_4bit"]["transformer"][SEQUENCE] == pytest.approx(t_growth)
@@ -50,9 +52,9 @@ def test_verdict_files_each_comparison_under_its_own_arm(monkeypatch):
     def rows(records):
         return [Comparison("attn_logits/tensor", "tinystories", "perplexity", bits, "t", arm, 0.1, 0.05, adv, -1, 1,
                            9, arm) for bits, arm, adv in ((4, "diff", 0.05), (4, "gated", 0.2), (8, "diff", 0.0))]
-    monkeypatch.setattr(regime, "comparison_rows", rows)
+    monkeypatch.setattr(verdict, "comparison_rows", rows)
     records = [r for a in PAIR["checkpoints"] for r in ppl_records(a, 5.0, {"tensor": 2.0})]
-    res = regime.verdict(PAIR, table5(dict.fromkeys(PAIR["checkpoints"], 120.0),
+    res = verdict.verdict(PAIR, table5(dict.fromkeys(PAIR["checkpoints"], 120.0),
                                       dict.fromkeys(PAIR["checkpoints"], 9.0)), records)
     assert res["versus"]["diff"]["advantage_4bit"] == {
         "attn_logits/tensor tinystories": {"advantage": 0.05, "low": -1, "high": 1}}
@@ -61,10 +63,10 @@ def test_verdict_files_each_comparison_under_its_own_arm(monkeypatch):
 
 
 def test_sign_test_matches_the_binomial_by_hand():
-    assert regime.sign_test([1, 2, 3, 4, 5]) == {"n": 5, "positive": 5, "p": pytest.approx(2 * 0.5 ** 5)}
-    tied = regime.sign_test([0.5, -1.0, 0.0, 2.0])  # ties dropped: 2 of 3
+    assert seeds.sign_test([1, 2, 3, 4, 5]) == {"n": 5, "positive": 5, "p": pytest.approx(2 * 0.5 ** 5)}
+    tied = seeds.sign_test([0.5, -1.0, 0.0, 2.0])  # ties dropped: 2 of 3
     assert (tied["positive"], tied["p"]) == (2, pytest.approx(1.0))
-    assert regime.sign_test([])["p"] is None
+    assert seeds.sign_test([])["p"] is None
 
 
 def test_mean_interval_is_the_student_t_interval():
@@ -73,18 +75,18 @@ def test_mean_interval_is_the_student_t_interval():
     n, mean = len(values), sum(values) / len(values)
     sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
     half = 2.5705818366147395 * sd / math.sqrt(n)  # t(0.975, 5)
-    got = regime.mean_interval(values)
+    got = seeds.mean_interval(values)
     assert got["mean"] == pytest.approx(mean, abs=1e-12)
     assert (got["low"], got["high"]) == (pytest.approx(mean - half, abs=1e-9), pytest.approx(mean + half, abs=1e-9))
-    assert regime.mean_interval([0.3])["low"] is None
+    assert seeds.mean_interval([0.3])["low"] is None
 
 
 def test_top_sites_counts_first_token_keys_and_the_second_diff_map():
     locs = [{"layer": 1, "map": 1, "key": 0}, {"layer": 1, "map": 0, "key": 0}, {"layer": 3, "map": 1, "key": 7},
             {"layer": 4, "map": 1, "key": 2}]
-    got = regime.top_sites({"locations": locs})
+    got = top_sites({"locations": locs})
     assert got == {"n": 4, "first_token": 0.5, "second_map": 0.75, "layers": [1, 3, 4]}
-    hidden = regime.top_sites({"locations": [{"layer": 0, "position": 0}, {"layer": 2, "position": 5}]})
+    hidden = top_sites({"locations": [{"layer": 0, "position": 0}, {"layer": 2, "position": 5}]})
     assert hidden == {"n": 2, "first_token": 0.5, "layers": [0, 2]}
 
 
@@ -98,13 +100,13 @@ def result(seed: int, logit_ratio: float, advantage: float, gate: bool = True) -
 
 def test_over_seeds_pools_per_seed_ratios_and_advantages():
     results = [result(s, r, a) for s, r, a in ((0, 2.0, 0.1), (1, 4.0, -0.05), (2, 0.5, 0.2))]
-    (entry,) = regime.over_seeds(results)
+    (entry,) = seeds.over_seeds(results)
     assert entry["seeds"] == [0, 1, 2] and entry["other"] == "diff"
     assert entry["logit_ratio"]["geomean"] == pytest.approx((2.0 * 4.0 * 0.5) ** (1 / 3))
     assert entry["logit_ratio"]["sign_test"]["positive"] == 2  # ratios > 1, tested on their logs
     pooled = entry["advantage_4bit"]["attn_logits/tensor tinystories"]
     assert pooled["per_seed"] == [0.1, -0.05, 0.2] and pooled["pooled"]["mean"] == pytest.approx(0.25 / 3)
-    text = regime.seeds_table(regime.over_seeds(results))
+    text = seeds.seeds_table(seeds.over_seeds(results))
     assert "2.00 / 4.00 / 0.50" in text and "+0.083" in text
 
 
@@ -123,15 +125,15 @@ def test_plot_tracked_draws_arms_and_ratios_from_train_logs(tmp_path):
 
 def test_trend_lines_join_only_cooled_budgets_of_one_run(monkeypatch, tmp_path):
     drawn = {}
-    monkeypatch.setattr(regime, "draw_trend", lambda series, path, paper, scheme: drawn.update(series, paper=paper))
-    scheme = f"{regime.TREND_SCHEME} (first 48)"
+    monkeypatch.setattr(trend, "plot_trend", lambda series, path, paper, scheme: drawn.update(series, paper=paper))
+    scheme = f"{trend.TREND_SCHEME} (first 48)"
     pairs = [{**PAIR, "pair": name, "run": run, "tokens": tokens, "cooled": cooled, "gate": tokens != 40,
               "versus": {"diff": {"logit_ratio": tokens / 10, "hidden_ratio": 1.0,
                                   "advantage_4bit": {scheme: {"advantage": -0.1, "low": -0.2, "high": 0.0},
                                                      "attn_logits/head test": {}}}}}
              for name, run, tokens, cooled in (("a-6M", "lr1e-2", 6, True), ("b-40M", "lr3e-3", 40, True),
                                                ("b-80M", "lr3e-3", 80, True), ("b-raw", "lr3e-3", 90, False))]
-    regime.plot_trend(pairs, tmp_path / "trend.png")
+    trend.plot_verdict_trend(pairs, tmp_path / "trend.png")
     assert [q["tokens"] for q in drawn["lr3e-3"]] == [40, 80]  # the uncooled budget stays out
     assert [q["gate"] for q in drawn["lr3e-3"]] == [False, True]
     assert [q["logit_ratio"] for q in drawn["lr1e-2"]] == [0.6]
@@ -141,7 +143,7 @@ def test_trend_lines_join_only_cooled_budgets_of_one_run(monkeypatch, tmp_path):
 
 def test_trend_table_lists_each_cooled_budget_with_its_intervals():
     rng = random.Random(3)
-    schemes = [f"{prefix} (first 48)" for _, prefix in regime.TREND_ADVANTAGES]
+    schemes = [f"{prefix} (first 48)" for _, prefix in trend.TREND_ADVANTAGES]
     pairs = []
     for run, tokens, cooled in (("b", 80, True), ("b", 40, True), ("b", 90, False), ("a", 6, True)):
         advs = {s: {"advantage": (a := rng.uniform(-0.5, 0.5)), "low": a - 0.05, "high": a + 0.05}
@@ -151,7 +153,7 @@ def test_trend_table_lists_each_cooled_budget_with_its_intervals():
                                           "diff": {SEQUENCE: rng.uniform(3, 4)}},
                       "versus": {"diff": {"logit_ratio": rng.uniform(0.5, 2), "hidden_ratio": rng.uniform(0.5, 2),
                                           "advantage_4bit": advs}}})
-    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in regime.trend_table(pairs).splitlines()[2:]]
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in trend.trend_table(pairs).splitlines()[2:]]
     # runs in the order of their first budget, each by tokens; cooled budgets only
     assert [row[:3] for row in rows] == [["a", "6", "no"], ["b", "40", "yes"], ["b", "80", "yes"]]
     cells = rows[1][:2] + rows[1][3:]
@@ -285,10 +287,10 @@ def test_zeroshot_counts_a_task_only_when_every_arm_is_above_chance_after_bonfer
     records = [mc_record("transformer", "copa", 0.6, 1), mc_record("diff", "copa", 0.6, 2),
                mc_record("transformer", "piqa", 0.6, 3), mc_record("diff", "piqa", 0.0, 4),
                mc_record("transformer", "copa", 0.0, 5, bits=4)]  # quantized records are not tested
-    v = regime.zeroshot_verdict(pair, records, n_permutations=2_000)
+    v = zeroshot.zeroshot_verdict(pair, records, n_permutations=2_000)
     assert len(v["tests"]) == 8 and v["threshold"] == pytest.approx(0.05 / 8)
     assert v["above_chance"] == ["copa"]  # piqa: the Diff arm guesses
-    rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in regime.zeroshot_table([v]).splitlines()[2:]]
+    rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in zeroshot.zeroshot_table([v]).splitlines()[2:]]
     assert [row[1:4] + row[-1:] for row in rows] == [
         ["copa", "transformer", "200", "yes"], ["copa", "diff", "200", "yes"],
         ["piqa", "transformer", "200", "no"], ["piqa", "diff", "200", "no"]]
@@ -304,11 +306,11 @@ def test_zeroshot_end_to_end_on_tiny_checkpoints(tmp_path):
     models = {arch: randomize_(dq.build_model(tiny_config(arch, vocab_size=8192))) for arch in ("transformer", "diff")}
     ckpts = {arch: str(dq.save_checkpoint(model, tmp_path / arch)) for arch, model in models.items()}
     pair = {"pair": "tiny", "tokens": 1, "checkpoints": ckpts}
-    records = regime.zeroshot_pair(pair, tmp_path / "zs.jsonl", tasks={"copa": 8}, batch_size=4)
+    records = zeroshot.zeroshot_pair(pair, tmp_path / "zs.jsonl", tasks={"copa": 8}, batch_size=4)
     assert sorted(r["arch"] for r in records) == ["diff", "transformer"] and {r["bits"] for r in records} == {16}
-    v = regime.zeroshot_verdict(pair, records, n_permutations=500)
+    v = zeroshot.zeroshot_verdict(pair, records, n_permutations=500)
     assert len(v["tests"]) == 4 and all(t["n"] == 8 for t in v["tests"])
-    regime.write_zeroshot(tmp_path, [v], lambda _: records)
+    outputs.write_zeroshot(tmp_path, [v], lambda _: records)
     assert json.loads((tmp_path / "zeroshot.json").read_text())[0]["pair"] == "tiny"
     assert (tmp_path / "zeroshot.md").read_text().count("| tiny ") == 2
 
@@ -320,20 +322,20 @@ def test_diff_lambdas_are_each_layers_lambda_and_the_gate_table_gives_their_rang
     with torch.no_grad():
         diff.layers[1].attn.lambda_q2.fill_(0.3)  # λ = e^(q1·k1) − e^(q2·k2) + λ_init, pushed below zero
         diff.layers[1].attn.lambda_k2.fill_(0.3)
-    lambdas = regime.diff_lambdas(diff)
+    lambdas = diff_lambdas(diff)
     with torch.no_grad():
         by_hand = [math.exp(float((a.lambda_q1.double() * a.lambda_k1.double()).sum()))
                    - math.exp(float((a.lambda_q2.double() * a.lambda_k2.double()).sum())) + a.lambda_init
                    for a in (layer.attn for layer in diff.layers)]
     assert lambdas == pytest.approx(by_hand, rel=1e-5) and lambdas[1] < 0 < lambdas[0]
-    assert regime.diff_lambdas(build_model(ModelConfig.preset("tiny"), seed=0)) is None
+    assert diff_lambdas(build_model(ModelConfig.preset("tiny"), seed=0)) is None
     result = {"pair": "p", "tokens": 10, "gate": True, "logit_top1": {"transformer": 120.0, "diff": 60.0},
               "ppl_growth_4bit": {"transformer": {SEQUENCE: 3.0}, "diff": {SEQUENCE: 2.0}},
               "checkpoints": {"transformer": "t", "diff": "d"}, "lambda": {"diff": lambdas}}
-    assert f"D {lambdas[1]:.2f} … {lambdas[0]:.2f} (< 0: L1)" in regime.gate_table([result])
-    in_range = regime.gate_table([{**result, "lambda": {"diff": lambdas[:1]}}]).splitlines()[-1].split("|")[-3]
+    assert f"D {lambdas[1]:.2f} … {lambdas[0]:.2f} (< 0: L1)" in gate.gate_table([result])
+    in_range = gate.gate_table([{**result, "lambda": {"diff": lambdas[:1]}}]).splitlines()[-1].split("|")[-3]
     assert in_range.strip() == f"D {lambdas[0]:.2f} … {lambdas[0]:.2f}"
-    assert regime.gate_table([{**result, "lambda": {}}]).splitlines()[-1].split("|")[-3].strip() == "-"
+    assert gate.gate_table([{**result, "lambda": {}}]).splitlines()[-1].split("|")[-3].strip() == "-"
 
 
 def test_verdicts_adds_lambda_to_table5_records_saved_without_it(tmp_path, verdicts_script):

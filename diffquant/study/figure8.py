@@ -1,0 +1,36 @@
+"""Figure 8 of a pair: its attention logits swept at 16/8/6/4 bits with three scale granularities, and the text."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..kinds import ATTN_LOGITS, SEQUENCE
+from ..records import read_records
+from ..report import render_report
+from ..sweep import run_sweep
+
+BITS = (16, 8, 6, 4)
+GRANULARITIES = (SEQUENCE, "head", "head_map")  # per sequence; per head (Diff maps share); per head and map
+
+
+def sweep_pair(pair: dict, path: Path, tasks: dict[str, int | None], batch_size: int = 32, device: str = "cpu",
+               bits=BITS, granularities=GRANULARITIES) -> list[dict]:
+    """Figure-8 records (resumable JSONL at ``path``): attention logits at ``bits``, every granularity and task."""
+    for granularity in granularities:
+        for task, limit in tasks.items():
+            run_sweep(list(pair["checkpoints"].values()), path, ATTN_LOGITS, bits=bits, tasks=[task],
+                      granularity=granularity, limit=limit, batch_size=batch_size, device=device, progress=False)
+    return read_records(path)
+
+
+def sweep_path(out: Path, pair: dict) -> Path:
+    """Where a pair's Figure-8 records live under an output folder (``out/table5/PAIR.json`` holds its profile)."""
+    return Path(out) / "figure8" / f"{pair['pair']}.jsonl"
+
+
+def figure8_text(results: list[dict], sweep_path_of) -> str:
+    """Markdown: per verdict, the degradation report of its records (``sweep_path_of(verdict)`` finds them)."""
+    parts = []
+    for r in results:
+        parts += [f"### {r['pair']}", "", render_report(read_records(sweep_path_of(r)), fmt="markdown"), ""]
+    return "\n".join(parts)
