@@ -49,3 +49,21 @@ def test_profile_defaults_to_the_training_context_and_says_what_it_used(run_fold
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert line == (f"run: {profiled} tokens profiled of 100 requested (whole windows only), in "
                     f"{profiled // seq_len} windows of {seq_len} ({source})")
+
+
+def test_the_library_function_takes_explicit_arguments_and_gives_the_commands_record(run_folder, tmp_path):
+    from diffquant.errors import UserError
+    from diffquant.profile_checkpoint import profile_checkpoint
+
+    out = tmp_path / "p.json"
+    assert main(["profile", str(run_folder / "final"), "--data", "test", "--tokens", "64", "--sites",
+                 "attn_logits,hidden", "--topk", "5", "--device", "cpu", "--out", str(out)]) == 0
+    (by_cli,) = json.loads(out.read_text())
+    record = profile_checkpoint(str(run_folder / "final"), data="test", tokens=64, sites=("attn_logits", "hidden"),
+                                topk=5)
+    assert set(record["sites"]) == {"attn_logits", "hidden"} and len(record["sites"]["hidden"]["top"]) == 5
+    assert json.loads(json.dumps(record["sites"])) == by_cli["sites"]
+    assert {k: record[k] for k in ("seq_len", "seq_len_source", "tokens", "tokens_requested", "data")} == {
+        k: by_cli[k] for k in ("seq_len", "seq_len_source", "tokens", "tokens_requested", "data")}
+    with pytest.raises(UserError, match="exceeds"):
+        profile_checkpoint(str(run_folder / "final"), tokens=64, seq_len=33)

@@ -6,21 +6,16 @@ import json
 from pathlib import Path
 
 from .. import distributed
-from ..checkpoint import WEIGHTS_FILE, read_metadata, training_context
 from ..cliargs import add_device_argument, chosen_device, hist_plot_path
-from ..data import documents, encode_documents
 from ..errors import UserError
-from ..hf_probes import load_for_profiling
 from ..io import atomic_write_text
 from ..offload import add_arguments as add_dispatch_arguments
-from ..offload import dispatch_options, load_dispatched
-from ..profile import DEFAULT_SITES, PROTOCOLS, profile, token_batches
+from ..offload import dispatch_options
+from ..profile import DEFAULT_SITES, PROTOCOLS
+from ..profile_checkpoint import PAPER_TOKENS, profile_checkpoint
 from ..records import checkpoint_label
 from ..tables import FORMATS, outlier_table, ratio_table
-from ..tokenizer import Tokenizer, tokenizer_for
 from . import nonfinite_exit
-
-PAPER_TOKENS = 409_600  # the paper's 0.4M tokens
 
 
 def register(sub) -> None:
@@ -48,40 +43,12 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def profile_checkpoint(path: str, args, tokenizer: Tokenizer | None = None) -> dict:
-    """Load, tokenise the data with the checkpoint's tokenizer, profile; the record names its source."""
-    dispatch = dispatch_options(args)  # --device-map: accelerate places the layers (GPUs, CPU, disk)
-    model = load_dispatched(path, **dispatch) if dispatch else load_for_profiling(path)  # HF folders natively
-    if distributed.is_distributed() and not dispatch:
-        model.to(distributed.local_device())  # NCCL: this rank's GPU; gloo: the CPU
-    elif not dispatch:
-        model.to(chosen_device(args))
-    tok = tokenizer_for(path, tokenizer or args.tokenizer)
-    seq_len, source = window_length(path, model.config.max_seq_len, args.seq_len)
-    if seq_len > model.config.max_seq_len:
-        raise UserError(f"--seq-len {seq_len} exceeds {path}'s max_seq_len {model.config.max_seq_len}")
-    ids = encode_documents(tok, documents(args.data))
-    batches = token_batches(ids, seq_len, args.batch_size, args.tokens)
-    sites = tuple(s.strip() for s in args.sites.split(",") if s.strip())
-    report = profile(model, batches, sites=sites, topk=args.topk, protocol=args.protocol,
-                     exact_median=args.exact_median, chunk=args.chunk, label=checkpoint_label(path))
-    record = report.data
-    record.update(checkpoint=str(path), data=str(args.data), seq_len=seq_len, seq_len_source=source,
-                  tokens_requested=args.tokens)
-    meta = read_metadata(path) if (Path(path) / WEIGHTS_FILE).is_file() else {}
-    record["train_tokens"] = int(meta["tokens"]) if "tokens" in meta else None
-    return record
-
-
-def window_length(path: str, max_seq_len: int, given: int | None) -> tuple[int, str]:
-    """(window length, where it came from): --seq-len, else the training context where known (never beyond
-    max_seq_len), else the model's max_seq_len."""
-    if given:
-        return given, "--seq-len"
-    trained = training_context(path)
-    if trained is not None and trained <= max_seq_len:
-        return trained, "training context"
-    return max_seq_len, "max_seq_len"
+def profile_options(args) -> dict:
+    """``profile_checkpoint`` keyword arguments from the parsed flags."""
+    return {"data": args.data, "tokens": args.tokens, "seq_len": args.seq_len, "batch_size": args.batch_size,
+            "topk": args.topk, "sites": tuple(s.strip() for s in args.sites.split(",") if s.strip()),
+            "protocol": args.protocol, "exact_median": args.exact_median, "chunk": args.chunk,
+            "tokenizer": args.tokenizer, "device": chosen_device(args), "dispatch": dispatch_options(args)}
 
 
 def windows_caption(records: list[dict]) -> str:
@@ -99,7 +66,8 @@ def run(args) -> int:
     labels = [checkpoint_label(path) for path in args.checkpoints]
     if len(set(labels)) < len(labels):
         raise UserError("two checkpoints have the same label; give them distinct folder names")
-    records = [profile_checkpoint(path, args) for path in args.checkpoints]
+    options = profile_options(args)
+    records = [profile_checkpoint(path, **options) for path in args.checkpoints]
     if not distributed.is_main():  # data parallel: rank 0 prints and writes
         return 0
     by_label = {rec["label"]: rec for rec in records}
