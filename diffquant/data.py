@@ -77,9 +77,15 @@ class Document:
 
 
 def calib_dir() -> Path:
-    """The data folder: ``$DIFFQUANT_CALIB`` if set, else ``calib/`` next to the package."""
+    """The data folder: ``$DIFFQUANT_CALIB`` if set, else the copy an installed wheel carries
+    (``diffquant/_data/calib``, written by setup.py's build hook), else ``calib/`` next to the package (a
+    repository checkout)."""
     env = os.environ.get(CALIB_ENV)
-    return Path(env) if env else Path(__file__).resolve().parent.parent / "calib"
+    if env:
+        return Path(env)
+    package = Path(__file__).resolve().parent
+    packaged = package / "_data" / "calib"
+    return packaged if packaged.is_dir() else package.parent / "calib"
 
 
 def read_bytes(path: str | os.PathLike) -> bytes:
