@@ -62,4 +62,5 @@ class SdistWithData(sdist):
             shutil.copyfile(ROOT / rel, target)
 
 
-setup(cmdclass={"build_py": BuildWithData, "sdist": SdistWithData})
+if __name__ == "__main__":  # setuptools runs the file as __main__; tests import it for packaged_files
+    setup(cmdclass={"build_py": BuildWithData, "sdist": SdistWithData})

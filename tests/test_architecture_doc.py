@@ -145,7 +145,7 @@ def problem(span: str) -> str | None:
     if "/" in name and PATH.match(name):
         return None if _path_exists(name) else f"path {name} does not exist"
     if re.fullmatch(r"[\w-]+\.py", name):
-        return None if any(REPO.glob(f"*/**/{name}")) else f"file {name} does not exist"
+        return None if (REPO / name).is_file() or any(REPO.glob(f"*/**/{name}")) else f"file {name} does not exist"
     if re.search(r"\.(md|json|jsonl|sh|toml|gguf|safetensors|bin|pt|model|txt)$", name):
         return None  # a file name of a format or a run folder, not a repository path
     if DOTTED.match(name):
@@ -168,6 +168,7 @@ def test_the_checker_catches_stale_mentions():
     assert problem("quantize_(model, config, calib=None)") is None
     assert problem("_as_transformer") == "name _as_transformer appears nowhere in the code"
     assert problem("eager") is None and problem("--logit-bits") is None
+    assert problem("setup.py") is None and problem("nosetup.py") == "file nosetup.py does not exist"
 
 
 def write_table() -> None:

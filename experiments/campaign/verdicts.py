@@ -1,6 +1,6 @@
 """Outlier-regime verdicts on the CPU-trained pairs (issue 13): gate, Table 5, Figure 8, seeds, trend.
 
-    python experiments/campaign/verdicts.py [--out experiments/results/regime] [--books-windows 200]
+    python experiments/campaign/verdicts.py [--out experiments/results/regime] [--windows 48] [--only NAME]
 
 Pairs (identical data order within a pair; every arm is set against the Transformer):
 
