@@ -121,7 +121,7 @@ def _pair_paths(given: list[str] | None) -> list[str]:
 
 
 def _pair(paths) -> dict:
-    """A regime pair: checkpoints by arch, training tokens from the run's log where known."""
+    """A study pair (diffquant.study): checkpoints by arch, training tokens from the run's log where known."""
     checkpoints = {}
     for path in paths:
         arch = read_model_config(path).arch
