@@ -11,7 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 FILE_LIMIT = 5_000_000
 GOAL_BYTES = 100_000_000  # issue 39: a shallow clone of main under 100 MB
-CEILING_BYTES = 250_000_000  # ratchet: lower it as states leave the tree, down to GOAL_BYTES
+CEILING_BYTES = 235_000_000  # ratchet: lower it as states leave the tree, down to GOAL_BYTES
 # Files over the limit still in the tree, each to leave in a later submission (its removal costs its size in the
 # diff budget of one submission): the 5.3M books pair's final and snapshots.
 ALLOWED_LARGE = {
