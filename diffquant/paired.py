@@ -3,20 +3,26 @@
 Items (0/1 correctness, log-likelihoods) and perplexity windows (``[sum nats, tokens]``) are resampled jointly
 in both results: percentile bootstrap intervals of a change (:func:`paired_bootstrap`,
 :func:`paired_bootstrap_ppl`) and of a difference of changes (:func:`difference_of_degradations`), the exact
-McNemar test (:func:`mcnemar_exact`) and a perplexity's own interval (:func:`bootstrap_ppl_ci`).
+McNemar test (:func:`mcnemar_exact`) and a perplexity's own interval (:func:`bootstrap_ppl_ci`). Each interval
+also comes as a :class:`Plan` (``*_plan``): :func:`resample` computes many of them over one set of resamples.
 """
 
 from __future__ import annotations
 
-import functools
-import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
 
+from .record_arrays import column_by_id
+
 
 def paired_arrays(result_a: dict, result_b: dict, key: str = "correct") -> tuple[np.ndarray, np.ndarray]:
     """Per-item ``key`` of two task results aligned by item id (they must hold the same items)."""
+    columns = column_by_id(result_a["items"], key), column_by_id(result_b["items"], key)
+    if None not in columns:
+        return _aligned(*columns)
     a = {r["id"]: r[key] for r in result_a["items"]}
     b = {r["id"]: r[key] for r in result_b["items"]}
     if a.keys() != b.keys():
@@ -25,39 +31,77 @@ def paired_arrays(result_a: dict, result_b: dict, key: str = "correct") -> tuple
     return np.array([a[i] for i in ids], dtype=np.float64), np.array([b[i] for i in ids], dtype=np.float64)
 
 
+def _aligned(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`paired_arrays` on (unique ids, values) arrays."""
+    (ids_a, values_a), (ids_b, values_b) = a, b
+    order_a, order_b = np.argsort(ids_a, kind="stable"), np.argsort(ids_b, kind="stable")
+    if ids_a.size != ids_b.size or not np.array_equal(ids_a[order_a], ids_b[order_b]):
+        raise ValueError(f"results do not pair: {np.setxor1d(ids_a, ids_b).size} item ids differ")
+    return values_a[order_a].astype(np.float64), values_b[order_b].astype(np.float64)
+
+
 CHUNK_DRAWS = 2_000_000  # indices drawn at once: the memory of one chunk, whatever n and m
-COUNT_CACHE_BYTES = 256 << 20  # resample counts kept for the next statistic over the same (seed, m, n)
-PROGRESS_DRAWS = 50_000_000  # a bootstrap drawing more indices than this shows a progress bar
+SUMS_BYTES = 64 << 20  # bootstrap sums held at once (n resamples × columns, float64)
+PROGRESS_DRAWS = 50_000_000  # resampling that draws more indices than this shows a progress bar
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A bootstrap statistic before resampling: the columns it sums over each resample (m units × p) and what it
+    makes of those sums ((n, p) -> its result)."""
+
+    vectors: np.ndarray
+    finish: Callable[[np.ndarray], dict]
+
+
+def resample(plans: Sequence[Plan], n: int, seed: int) -> list[dict]:
+    """The result of each plan over ``n`` bootstrap resamples of its units.
+
+    A resample is its count vector (how often each unit was drawn) and depends only on (seed, m, n), the same
+    draws as indexing with ``rng.integers(0, m, (k, m))`` chunk by chunk; every statistic here is a function of
+    column sums, so a resample's sums are one matrix product. Plans over the same number of units share their
+    resamples: each chunk of counts is drawn once and multiplied by all their columns at once (identical columns
+    once), so a report's hundreds of intervals over one task cost one pass over its resamples, not one each."""
+    if n < 1:
+        raise ValueError(f"the number of bootstrap resamples must be positive, got {n}")
+    vectors = [np.asarray(p.vectors, dtype=np.float64).reshape(len(p.vectors), -1) for p in plans]
+    by_units: dict[int, list[int]] = {}
+    for i, v in enumerate(vectors):
+        by_units.setdefault(v.shape[0], []).append(i)
+    draws = sum(n * m for m in by_units)
+    results: list[dict | None] = [None] * len(plans)
+    from .progress import progress_bar  # lazy: keeps the statistics importable without tqdm loaded
+
+    with progress_bar(total=draws, desc="bootstrap", unit="draw", unit_scale=True, leave=False,
+                      disable=draws < PROGRESS_DRAWS) as bar:
+        for members in by_units.values():
+            sums = _shared_sums([vectors[i] for i in members], n, seed, bar)
+            for i, s in zip(members, sums, strict=True):
+                results[i] = plans[i].finish(s)
+    return results
+
+
+def _shared_sums(vectors: list[np.ndarray], n: int, seed: int, bar) -> list[np.ndarray]:
+    """Bootstrap sums (n, p) of each (m, p) array, over one set of resamples of the m units."""
+    columns: dict[bytes, int] = {}
+    where = []
+    for v in vectors:
+        where.append([columns.setdefault(np.ascontiguousarray(c).tobytes(), len(columns)) for c in v.T])
+    table = np.stack([np.frombuffer(c) for c in columns], axis=1)
+    sums = np.empty((n, table.shape[1]))
+    width = max(1, SUMS_BYTES // (8 * n))  # more columns than this: one pass over the resamples per block
+    for first in range(0, table.shape[1], width):
+        block = np.ascontiguousarray(table[:, first:first + width])
+        for s, counts in _counts(seed, table.shape[0], n):
+            sums[s:s + len(counts), first:first + width] = counts @ block
+            bar.update(counts.size)
+    return [sums[:, w] for w in where]
 
 
 def bootstrap_sums(vectors: np.ndarray, n: int, seed: int) -> np.ndarray:
-    """Column sums of ``vectors`` (m units, p columns) over ``n`` bootstrap resamples of its rows: (n, p).
-
-    Every statistic here is a function of such sums (means, ratios of sums), so a resample is its count vector
-    (how often each unit was drawn) and all sums of a chunk are one matrix product. The resamples depend only on
-    (seed, m, n) — the same draws as indexing with ``rng.integers(0, m, (k, m))`` chunk by chunk — and a report
-    asks for many statistics over the same units (every bit width and comparison of a task), so the last set of
-    counts is kept (one byte per count while it fits in :data:`COUNT_CACHE_BYTES`) and reused instead of drawn
-    again. Larger sets are streamed, with a progress bar when long."""
-    if n < 1:
-        raise ValueError(f"the number of bootstrap resamples must be positive, got {n}")
-    vectors = np.asarray(vectors, dtype=np.float64)
-    m = vectors.shape[0]
-    out = np.empty((n, vectors.shape[1]))
-    if n * m <= COUNT_CACHE_BYTES:
-        counts = _kept_counts(seed, m, n)
-        chunk = max(1, CHUNK_DRAWS // m)
-        for s in range(0, n, chunk):
-            out[s:s + chunk] = counts[s:s + chunk].astype(np.float64) @ vectors
-        return out
-    from .progress import progress_bar  # lazy: only long bootstraps need it
-
-    with progress_bar(total=n, desc=f"bootstrap ({m} units)", unit="resample", leave=False,
-              disable=n * m < PROGRESS_DRAWS) as bar:
-        for s, counts in _counts(seed, m, n):
-            out[s:s + len(counts)] = counts @ vectors
-            bar.update(len(counts))
-    return out
+    """Column sums of ``vectors`` (m units, p columns) over ``n`` bootstrap resamples of its rows: (n, p), as
+    :func:`resample` draws them."""
+    return resample([Plan(np.asarray(vectors, dtype=np.float64), lambda sums: {"sums": sums})], n, seed)[0]["sums"]
 
 
 def _counts(seed: int, m: int, n: int):
@@ -70,25 +114,16 @@ def _counts(seed: int, m: int, n: int):
         yield s, np.bincount(flat, minlength=idx.size).reshape(idx.shape).astype(np.float64)
 
 
-@functools.lru_cache(maxsize=1)
-def _kept_counts(seed: int, m: int, n: int) -> np.ndarray:
-    """All ``n`` count vectors of :func:`_counts` as uint8 (a unit drawn over 255 times in one resample of m is
-    beyond any practical m; checked)."""
-    out = np.empty((n, m), dtype=np.uint8)
-    for s, counts in _counts(seed, m, n):
-        if counts.max() > 255:
-            raise ValueError(f"a bootstrap resample drew one of {m} units {int(counts.max())} times")
-        out[s:s + len(counts)] = counts
-    out.flags.writeable = False
-    return out
-
-
 def _interval(values: np.ndarray, level: float) -> tuple[float, float]:
-    if not 0 < level < 1:
-        raise ValueError(f"level must lie in (0, 1), got {level}")
     tail = (1 - level) / 2 * 100
     low, high = np.percentile(values, [tail, 100 - tail])
     return float(low), float(high)
+
+
+def _checked_level(level: float) -> float:
+    if not 0 < level < 1:
+        raise ValueError(f"level must lie in (0, 1), got {level}")
+    return level
 
 
 def _vectors(*arrays, names: str) -> list[np.ndarray]:
@@ -103,12 +138,21 @@ def _vectors(*arrays, names: str) -> list[np.ndarray]:
 def paired_bootstrap(a, b, n: int = 10000, seed: int = 0, level: float = 0.95) -> dict:
     """Mean of ``b`` minus mean of ``a`` (e.g. quantized minus baseline accuracy, per-item 0/1 arrays on the
     same items) with a paired percentile bootstrap interval (items resampled, both arrays together)."""
+    return resample([paired_bootstrap_plan(a, b, level)], n, seed)[0]
+
+
+def paired_bootstrap_plan(a, b, level: float = 0.95) -> Plan:
+    """:func:`paired_bootstrap` as a :class:`Plan` (for :func:`resample`)."""
     a, b = _vectors(a, b, names="a and b")
+    level = _checked_level(level)
     d = b - a
-    values = bootstrap_sums(d[:, None], n, seed)[:, 0] / d.size
-    low, high = _interval(values, level)
-    return {"delta": float(d.mean()), "low": low, "high": high, "level": level, "n_items": int(d.size),
-            "n_boot": n}
+
+    def finish(sums: np.ndarray) -> dict:
+        low, high = _interval(sums[:, 0] / d.size, level)
+        return {"delta": float(d.mean()), "low": low, "high": high, "level": level, "n_items": int(d.size),
+                "n_boot": len(sums)}
+
+    return Plan(d[:, None], finish)
 
 
 def discordant_counts(a, b) -> tuple[int, int]:
@@ -127,8 +171,18 @@ def mcnemar_exact(a, b) -> float:
     total = only_a + only_b
     if total == 0:
         return 1.0
-    tail = sum(math.comb(total, i) for i in range(min(only_a, only_b) + 1))
-    return float(min(Fraction(1), Fraction(2 * tail, 2 ** total)))
+    return float(min(Fraction(1), Fraction(2 * binomial_head(total, min(only_a, only_b)), 2 ** total)))
+
+
+def binomial_head(n: int, k: int) -> int:
+    """``Σ_{i ≤ k} C(n, i)`` exactly, each term from the last (``C(n, i+1) = C(n, i)·(n−i)/(i+1)``, an exact
+    integer division): O(k) big-integer steps where a ``math.comb`` per term costs O(k·n) (minutes over a report
+    of ten-thousand-item tasks)."""
+    term = total = 1
+    for i in range(k):
+        term = term * (n - i) // (i + 1)
+        total += term
+    return total
 
 
 def _windows(window_losses) -> tuple[np.ndarray, np.ndarray]:
@@ -140,28 +194,44 @@ def _windows(window_losses) -> tuple[np.ndarray, np.ndarray]:
 
 def bootstrap_ppl_ci(window_losses, n: int = 10000, seed: int = 0, level: float = 0.95) -> dict:
     """Perplexity with a percentile bootstrap interval, windows resampled (``exp(Σ nats / Σ tokens)``)."""
+    return resample([bootstrap_ppl_ci_plan(window_losses, level)], n, seed)[0]
+
+
+def bootstrap_ppl_ci_plan(window_losses, level: float = 0.95) -> Plan:
+    """:func:`bootstrap_ppl_ci` as a :class:`Plan` (for :func:`resample`)."""
     nll, tokens = _windows(window_losses)
-    sums = bootstrap_sums(np.stack([nll, tokens], 1), n, seed)
-    values = np.exp(sums[:, 0] / sums[:, 1])
-    low, high = _interval(values, level)
-    return {"perplexity": float(np.exp(nll.sum() / tokens.sum())), "low": low, "high": high, "level": level,
-            "n_windows": int(nll.size), "n_boot": n}
+    level = _checked_level(level)
+
+    def finish(sums: np.ndarray) -> dict:
+        low, high = _interval(np.exp(sums[:, 0] / sums[:, 1]), level)
+        return {"perplexity": float(np.exp(nll.sum() / tokens.sum())), "low": low, "high": high, "level": level,
+                "n_windows": int(nll.size), "n_boot": len(sums)}
+
+    return Plan(np.stack([nll, tokens], 1), finish)
 
 
 def paired_bootstrap_ppl(windows_a, windows_b, n: int = 10000, seed: int = 0, level: float = 0.95) -> dict:
     """Perplexity of ``b`` minus that of ``a`` on the same windows (same text and tokenizer), windows
     resampled jointly."""
+    return resample([paired_bootstrap_ppl_plan(windows_a, windows_b, level)], n, seed)[0]
+
+
+def paired_bootstrap_ppl_plan(windows_a, windows_b, level: float = 0.95) -> Plan:
+    """:func:`paired_bootstrap_ppl` as a :class:`Plan` (for :func:`resample`)."""
     nll_a, tok_a = _windows(windows_a)
     nll_b, tok_b = _windows(windows_b)
     if tok_a.shape != tok_b.shape or not np.array_equal(tok_a, tok_b):
         raise ValueError("window losses do not pair: different windows (text, tokenizer or max_len differ)")
+    level = _checked_level(level)
 
-    t, sa, sb = bootstrap_sums(np.stack([tok_a, nll_a, nll_b], 1), n, seed).T
-    values = np.exp(sb / t) - np.exp(sa / t)
-    low, high = _interval(values, level)
-    ppl_a, ppl_b = (float(np.exp(x.sum() / tok_a.sum())) for x in (nll_a, nll_b))
-    return {"perplexity_a": ppl_a, "perplexity_b": ppl_b, "delta": ppl_b - ppl_a, "low": low, "high": high,
-            "level": level, "n_windows": int(nll_a.size), "n_boot": n}
+    def finish(sums: np.ndarray) -> dict:
+        t, sa, sb = sums.T
+        low, high = _interval(np.exp(sb / t) - np.exp(sa / t), level)
+        ppl_a, ppl_b = (float(np.exp(x.sum() / tok_a.sum())) for x in (nll_a, nll_b))
+        return {"perplexity_a": ppl_a, "perplexity_b": ppl_b, "delta": ppl_b - ppl_a, "low": low, "high": high,
+                "level": level, "n_windows": int(nll_a.size), "n_boot": len(sums)}
+
+    return Plan(np.stack([tok_a, nll_a, nll_b], 1), finish)
 
 
 def difference_of_degradations(base_a, quant_a, base_b, quant_b, n: int = 10000, seed: int = 0,
@@ -172,11 +242,20 @@ def difference_of_degradations(base_a, quant_a, base_b, quant_b, n: int = 10000,
     quantized); items are resampled jointly in all four. ``delta_a``/``delta_b`` are each model's change from
     its baseline (negative = it lost accuracy); a positive ``difference`` means b degraded less than a.
     """
+    return resample([difference_of_degradations_plan(base_a, quant_a, base_b, quant_b, level)], n, seed)[0]
+
+
+def difference_of_degradations_plan(base_a, quant_a, base_b, quant_b, level: float = 0.95) -> Plan:
+    """:func:`difference_of_degradations` as a :class:`Plan` (for :func:`resample`)."""
     base_a, quant_a, base_b, quant_b = _vectors(base_a, quant_a, base_b, quant_b,
                                                 names="base_a, quant_a, base_b and quant_b")
+    level = _checked_level(level)
     da, db = quant_a - base_a, quant_b - base_b
     diff = db - da
-    values = bootstrap_sums(diff[:, None], n, seed)[:, 0] / diff.size
-    low, high = _interval(values, level)
-    return {"delta_a": float(da.mean()), "delta_b": float(db.mean()), "difference": float(diff.mean()),
-            "low": low, "high": high, "level": level, "n_items": int(diff.size), "n_boot": n}
+
+    def finish(sums: np.ndarray) -> dict:
+        low, high = _interval(sums[:, 0] / diff.size, level)
+        return {"delta_a": float(da.mean()), "delta_b": float(db.mean()), "difference": float(diff.mean()),
+                "low": low, "high": high, "level": level, "n_items": int(diff.size), "n_boot": len(sums)}
+
+    return Plan(diff[:, None], finish)

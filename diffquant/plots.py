@@ -17,6 +17,7 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter  # noqa:
 from .arches import ArchColumn  # noqa: E402
 from .emergence import tracked_curve  # noqa: E402
 from .io import atomic_path  # noqa: E402
+from .paired import resample  # noqa: E402
 from .records import BASELINE_BITS, is_finite  # noqa: E402
 from .report import (  # noqa: E402
     ARCH_NAMES,
@@ -28,7 +29,7 @@ from .report import (  # noqa: E402
     model_label,
     task_label,
     unique_labels,
-    value_interval,
+    value_interval_plan,
 )
 from .tables import SITE_NAMES  # noqa: E402
 
@@ -241,6 +242,7 @@ def plot_degradation(records: Sequence[dict], path: str | os.PathLike, metrics: 
         raise ValueError("nothing to plot: no record holds finite results")
     bases = {(model_label(r), task_label(r)): r for r in unique_labels(records)
              if r["bits"] == BASELINE_BITS and is_finite(r)}
+    intervals = _base_intervals(cells, bases, n_boot, seed)
     models = list(dict.fromkeys(c.checkpoint for c in cells))  # one colour and marker per model, in every panel
     panels = list(dict.fromkeys((c.scheme, c.task, c.metric) for c in cells))
     ncols = min(3, len(panels))
@@ -252,10 +254,8 @@ def plot_degradation(records: Sequence[dict], path: str | os.PathLike, metrics: 
         here = list(dict.fromkeys(c.checkpoint for c in mine))
         for j, model in enumerate(here):
             model_cells = [c for c in mine if c.checkpoint == model]
-            base = bases.get((model_cells[0].model, task))
-            _plot_model(ax, model_cells, columns, models.index(model),
-                        value_interval(base, metric, n_boot, seed) if base is not None else None,
-                        dodge=0.05 * (j - (len(here) - 1) / 2))  # side by side: intervals do not hide each other
+            _plot_model(ax, model_cells, columns, models.index(model), intervals.get((model_cells[0].model, task,
+                        metric)), dodge=0.05 * (j - (len(here) - 1) / 2))  # side by side: intervals stay visible
         scale = 100 if is_accuracy(metric) else 1
         ax.set(xticks=range(len(columns)), xticklabels=[str(b) for b in columns], xlabel="bits",
                ylabel=f"{metric} (%)" if scale == 100 else metric, title=f"{task}\n{scheme}")
@@ -269,6 +269,13 @@ def plot_degradation(records: Sequence[dict], path: str | os.PathLike, metrics: 
         fig.savefig(tmp, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return Path(path)
+
+
+def _base_intervals(cells: Sequence[Cell], bases: dict, n_boot: int, seed: int) -> dict[tuple, tuple[float, float]]:
+    """(model, task, metric) -> the 95% interval of its 16-bit value, all over one set of resamples per task."""
+    wanted = [k for k in dict.fromkeys((c.model, c.task, c.metric) for c in cells) if k[:2] in bases]
+    results = resample([value_interval_plan(bases[k[:2]], k[2]) for k in wanted], n_boot, seed)
+    return {k: (r["low"], r["high"]) for k, r in zip(wanted, results, strict=True)}
 
 
 def figure_caption(baselines: Sequence[dict], n_boot: int) -> str:

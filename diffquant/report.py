@@ -41,14 +41,16 @@ from .arches import ArchColumn
 from .config import ModelConfig
 from .kinds import SEQUENCE
 from .paired import (
-    bootstrap_ppl_ci,
-    bootstrap_sums,
-    difference_of_degradations,
+    Plan,
+    bootstrap_ppl_ci_plan,
+    difference_of_degradations_plan,
     mcnemar_exact,
     paired_arrays,
-    paired_bootstrap,
-    paired_bootstrap_ppl,
+    paired_bootstrap_plan,
+    paired_bootstrap_ppl_plan,
+    resample,
 )
+from .record_arrays import ItemColumns, same_values
 from .records import (
     BASELINE_BITS,
     METRICS,
@@ -132,32 +134,44 @@ def _n(rec: dict) -> int:
     return int(m["n"] if "n" in m else m["windows"])
 
 
-def _windows(rec: dict, metric: str) -> list:
+def _windows(rec: dict, metric: str):
     """[sum nats, tokens] per window (LAMBADA: one window of weight 1 per item, ordered by id)."""
     if rec["kind"] == "lambada" and metric == "perplexity":
-        return [[-r["ll"], 1] for r in sorted(rec["metrics"]["items"], key=lambda r: r["id"])]
+        items = rec["metrics"]["items"]
+        ll = items.column("ll") if isinstance(items, ItemColumns) else None
+        if ll is None:
+            return [[-r["ll"], 1] for r in sorted(items, key=lambda r: r["id"])]
+        order = np.argsort(items.column("id"), kind="stable")  # as sorted(): equal ids keep their order
+        return np.stack([-ll[order].astype(np.float64), np.ones(len(items))], 1)
     return rec["metrics"]["window_losses"]
 
 
 def _check_windows(base: dict, quant: dict) -> None:
-    ids_a, ids_b = base["metrics"].get("window_ids"), quant["metrics"].get("window_ids")
-    if ids_a != ids_b:
+    if not same_values(base["metrics"].get("window_ids"), quant["metrics"].get("window_ids")):
         raise ValueError(f"{quant['checkpoint']} {quant['task']}: the 16-bit and {quant['bits']}-bit records "
                          "scored different windows")
 
 
-def paired_delta(base: dict, quant: dict, metric: str, n_boot: int = 10000, seed: int = 0) -> dict:
-    """``quant − base`` for ``metric`` with its paired interval (and McNemar p for accuracies)."""
+def paired_delta(base: dict, quant: dict, metric: str) -> Plan:
+    """``quant − base`` for ``metric`` with its paired interval (and McNemar p for accuracies), to be resampled:
+    its result holds ``delta``, ``low``, ``high`` and ``p``."""
     if metric in ACCURACY_KEYS:
         a, b = paired_arrays(base["metrics"], quant["metrics"], ACCURACY_KEYS[metric])
-        out = paired_bootstrap(a, b, n=n_boot, seed=seed)
-        return {"delta": out["delta"], "low": out["low"], "high": out["high"], "p": mcnemar_exact(a, b)}
+        return _keep(paired_bootstrap_plan(a, b), p=mcnemar_exact(a, b))
     if base["kind"] == "perplexity":
         _check_windows(base, quant)
     else:
         paired_arrays(base["metrics"], quant["metrics"], "ll")  # the same item ids, or a one-line error
-    out = paired_bootstrap_ppl(_windows(base, metric), _windows(quant, metric), n=n_boot, seed=seed)
-    return {"delta": out["delta"], "low": out["low"], "high": out["high"], "p": None}
+    return _keep(paired_bootstrap_ppl_plan(_windows(base, metric), _windows(quant, metric)), p=None)
+
+
+def _keep(plan: Plan, **extra) -> Plan:
+    """``plan`` whose result is only its delta and interval, plus ``extra``."""
+    def finish(sums: np.ndarray) -> dict:
+        out = plan.finish(sums)
+        return {"delta": out["delta"], "low": out["low"], "high": out["high"], **extra}
+
+    return Plan(plan.vectors, finish)
 
 
 def _selected_metrics(rec: dict, metrics: Sequence[str] | None) -> list[str]:
@@ -180,12 +194,25 @@ def _baselines(records: Iterable[dict]) -> dict[tuple, dict]:
 def degradation_rows(records: Sequence[dict], metrics: Sequence[str] | None = None, n_boot: int = 10000,
                      seed: int = 0) -> list[Cell]:
     """One :class:`Cell` per (scheme, model, task, metric, bits); 16-bit cells repeated in every scheme."""
+    cells, pending = _degradation_plans(records, metrics)
+    return _fill_cells(cells, pending, resample([plan for _, plan in pending], n_boot, seed))
+
+
+def _fill_cells(cells: list[Cell], pending: list[tuple[Cell, Plan]], results: Sequence[dict]) -> list[Cell]:
+    for (cell, _), result in zip(pending, results, strict=True):
+        for k, v in result.items():
+            setattr(cell, k, v)
+    return cells
+
+
+def _degradation_plans(records: Sequence[dict], metrics: Sequence[str] | None) -> tuple[list[Cell], list]:
+    """The cells of :func:`degradation_rows` and, for those with a baseline, (cell, the plan of its delta)."""
     check_metrics(records, metrics)
     records = unique_labels(records)
     base = _baselines(records)
     quantized = [r for r in records if r["bits"] != BASELINE_BITS]
     schemes = list(dict.fromkeys(scheme_of(r) for r in quantized)) or ["16-bit"]
-    cells = []
+    cells, pending = [], []
     for scheme in schemes:
         members = [r for r in quantized if scheme_of(r) == scheme]
         # every baseline of a checkpoint/task this scheme touches (all baselines when there is no scheme)
@@ -196,10 +223,9 @@ def degradation_rows(records: Sequence[dict], metrics: Sequence[str] | None = No
                 cell = Cell(scheme, model_label(rec), rec.get("arch"), task_label(rec), rec["kind"], metric,
                             rec["bits"], metric_value(rec, metric), _n(rec), checkpoint=rec["checkpoint"])
                 if ref is not None and is_finite(ref) and is_finite(rec):
-                    for k, v in paired_delta(ref, rec, metric, n_boot, seed).items():
-                        setattr(cell, k, v)
+                    pending.append((cell, paired_delta(ref, rec, metric)))
                 cells.append(cell)
-    return cells
+    return cells, pending
 
 
 @dataclass
@@ -226,6 +252,14 @@ def comparison_rows(records: Sequence[dict], metrics: Sequence[str] | None = Non
                     seed: int = 0, pairs: Sequence[tuple[str, str]] | None = None) -> list[Comparison]:
     """Every declared (Transformer, other arm) pair (:func:`declared_pairs`) measured at the same scheme, task
     (items), metric and quantized bits."""
+    pending = _comparison_plans(records, metrics, pairs)
+    results = resample([plan for _, plan in pending], n_boot, seed)
+    return [Comparison(**known, **result) for (known, _), result in zip(pending, results, strict=True)]
+
+
+def _comparison_plans(records: Sequence[dict], metrics: Sequence[str] | None,
+                      pairs: Sequence[tuple[str, str]] | None) -> list[tuple[dict, Plan]]:
+    """(the fields of a :class:`Comparison` known before resampling, the plan of the rest) per comparison."""
     check_metrics(records, metrics)
     records = unique_labels(records)
     partners = declared_pairs(records, pairs)
@@ -247,10 +281,12 @@ def comparison_rows(records: Sequence[dict], metrics: Sequence[str] | None = Non
                     continue
                 bt, bd = base[baseline_key(qt)], base[baseline_key(qd)]
                 for metric in _selected_metrics(qt, metrics):
-                    row = _compare(bt, qt, bd, qd, metric, n_boot, seed)
-                    if row is not None:
-                        out.append(Comparison(scheme, task_label(qt), metric, bits, model_label(qt),
-                                              model_label(qd), **row, candidate_arch=qd["arch"]))
+                    plan = _compare(bt, qt, bd, qd, metric)
+                    if plan is not None:
+                        known = {"scheme": scheme, "task": task_label(qt), "metric": metric, "bits": bits,
+                                 "transformer": model_label(qt), "candidate": model_label(qd),
+                                 "candidate_arch": qd["arch"]}
+                        out.append((known, plan))
     return out
 
 
@@ -296,7 +332,7 @@ def _matched(transformer: dict | None, other: dict | None) -> bool:
     return {k: v for k, v in mine.items() if k != "attn_impl"} == {k: v for k, v in theirs.items() if k != "attn_impl"}
 
 
-def _compare(bt, qt, bd, qd, metric: str, n_boot: int, seed: int) -> dict | None:
+def _compare(bt, qt, bd, qd, metric: str) -> Plan | None:
     if not _same_units([bt, qt, bd, qd]):
         log.warning("%s: the two models were scored on different items or windows (tokenizer or max_seq_len "
                     "differ); no comparison", qt["task"])
@@ -305,11 +341,16 @@ def _compare(bt, qt, bd, qd, metric: str, n_boot: int, seed: int) -> dict | None
         key = ACCURACY_KEYS[metric]
         (a0, a1), (b0, b1) = (paired_arrays(bt["metrics"], qt["metrics"], key),
                               paired_arrays(bd["metrics"], qd["metrics"], key))
-        d = difference_of_degradations(a0, a1, b0, b1, n=n_boot, seed=seed)
-        return {"delta_transformer": d["delta_a"], "delta_candidate": d["delta_b"], "advantage": d["difference"],
-                "low": d["low"], "high": d["high"], "n": d["n_items"]}
+        plan = difference_of_degradations_plan(a0, a1, b0, b1)
+
+        def finish(sums: np.ndarray) -> dict:
+            d = plan.finish(sums)
+            return {"delta_transformer": d["delta_a"], "delta_candidate": d["delta_b"],
+                    "advantage": d["difference"], "low": d["low"], "high": d["high"], "n": d["n_items"]}
+
+        return Plan(plan.vectors, finish)
     windows = [np.asarray(_windows(r, metric), dtype=np.float64) for r in (bt, qt, bd, qd)]
-    return _loss_advantage(*windows, n_boot=n_boot, seed=seed)
+    return _loss_advantage(*windows)
 
 
 def _same_units(recs: Sequence[dict]) -> bool:
@@ -317,27 +358,40 @@ def _same_units(recs: Sequence[dict]) -> bool:
     def units(rec: dict):
         m = rec["metrics"]
         if "items" in m:
-            return sorted(item["id"] for item in m["items"])
+            items = m["items"]
+            ids = items.column("id") if isinstance(items, ItemColumns) else None
+            return np.sort(ids) if ids is not None else sorted(item["id"] for item in items)
         return (rec.get("tokenizer_sha256"), m.get("max_len"), m.get("windows_total"), m.get("window_ids"),
-                [w[1] for w in m["window_losses"]])
+                np.asarray(m["window_losses"], dtype=np.float64).reshape(-1, 2)[:, 1])
 
     first = units(recs[0])
-    return all(units(r) == first for r in recs[1:])
+    return all(_same(units(r), first) for r in recs[1:])
 
 
-def _loss_advantage(bt, qt, bd, qd, n_boot: int, seed: int, level: float = 0.95) -> dict:
+def _same(a, b) -> bool:
+    """Equal unit descriptions: tuples field by field, lists and arrays value by value."""
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, (list, np.ndarray)) or isinstance(b, (list, np.ndarray)):
+        return same_values(a, b)
+    return a == b
+
+
+def _loss_advantage(bt, qt, bd, qd, level: float = 0.95) -> Plan:
     """``Δloss(Transformer) − Δloss(Diff)`` over windows, with a percentile bootstrap (windows resampled jointly)."""
     tokens = bt[:, 1]
     gain = (qt[:, 0] - bt[:, 0]) - (qd[:, 0] - bd[:, 0])  # nats per window the Transformer lost beyond Diff
-    m = tokens.size
-    sums = bootstrap_sums(np.stack([gain, tokens], 1), n_boot, seed)
-    values = sums[:, 0] / sums[:, 1]
-    tail = (1 - level) / 2 * 100
-    low, high = np.percentile(values, [tail, 100 - tail])
     total = tokens.sum()
-    return {"delta_transformer": float((qt[:, 0] - bt[:, 0]).sum() / total),
-            "delta_candidate": float((qd[:, 0] - bd[:, 0]).sum() / total),
-            "advantage": float(gain.sum() / total), "low": float(low), "high": float(high), "n": int(m)}
+
+    def finish(sums: np.ndarray) -> dict:
+        tail = (1 - level) / 2 * 100
+        low, high = np.percentile(sums[:, 0] / sums[:, 1], [tail, 100 - tail])
+        return {"delta_transformer": float((qt[:, 0] - bt[:, 0]).sum() / total),
+                "delta_candidate": float((qd[:, 0] - bd[:, 0]).sum() / total),
+                "advantage": float(gain.sum() / total), "low": float(low), "high": float(high),
+                "n": int(tokens.size)}
+
+    return Plan(np.stack([gain, tokens], 1), finish)
 
 
 # ---------------------------------------------------------------------------------------------------- rendering
@@ -439,8 +493,7 @@ def render_report(records: Sequence[dict], fmt: str = "markdown", metrics: Seque
     if bad:
         log.warning("%d of %d records hold NaN/Inf losses: shown as %s, without deltas or comparisons", bad,
                     len(records), NONFINITE_MARK)
-    cells = degradation_rows(records, metrics, n_boot, seed)
-    comparisons = comparison_rows(records, metrics, n_boot, seed, pairs)
+    cells, comparisons = report_rows(records, metrics, n_boot, seed, pairs)
     if fmt == "csv":
         return render_csv(CSV_HEADER, csv_rows(cells, comparisons))
     parts = []
@@ -452,6 +505,17 @@ def render_report(records: Sequence[dict], fmt: str = "markdown", metrics: Seque
             title = f"{scheme}: Diff vs Transformer, difference of degradations (positive = Diff lost less)"
             parts += [_heading(title, fmt), "", comparison_table(mine, fmt), ""]
     return "\n".join(parts).rstrip("\n")
+
+
+def report_rows(records: Sequence[dict], metrics: Sequence[str] | None = None, n_boot: int = 10000, seed: int = 0,
+                pairs: Sequence[tuple[str, str]] | None = None) -> tuple[list[Cell], list[Comparison]]:
+    """:func:`degradation_rows` and :func:`comparison_rows` over one set of resamples per task."""
+    cells, pending = _degradation_plans(records, metrics)
+    compared = _comparison_plans(records, metrics, pairs)
+    results = resample([plan for _, plan in pending] + [plan for _, plan in compared], n_boot, seed)
+    comparisons = [Comparison(**known, **result)
+                   for (known, _), result in zip(compared, results[len(pending):], strict=True)]
+    return _fill_cells(cells, pending, results[:len(pending)]), comparisons
 
 
 def csv_rows(cells: Sequence[Cell], comparisons: Sequence[Comparison]) -> list[list]:
@@ -468,9 +532,13 @@ def csv_rows(cells: Sequence[Cell], comparisons: Sequence[Comparison]) -> list[l
 
 def value_interval(rec: dict, metric: str, n_boot: int = 10000, seed: int = 0) -> tuple[float, float]:
     """The 95% bootstrap interval of a record's own value: over items (accuracy) or windows (perplexity)."""
+    out = resample([value_interval_plan(rec, metric)], n_boot, seed)[0]
+    return out["low"], out["high"]
+
+
+def value_interval_plan(rec: dict, metric: str) -> Plan:
+    """:func:`value_interval` to be resampled (its result holds ``low`` and ``high``)."""
     if metric in ACCURACY_KEYS:
         _, correct = paired_arrays(rec["metrics"], rec["metrics"], ACCURACY_KEYS[metric])
-        out = paired_bootstrap(np.zeros_like(correct), correct, n=n_boot, seed=seed)  # mean(correct − 0)
-        return out["low"], out["high"]
-    out = bootstrap_ppl_ci(_windows(rec, metric), n=n_boot, seed=seed)
-    return out["low"], out["high"]
+        return paired_bootstrap_plan(np.zeros_like(correct), correct)  # mean(correct − 0)
+    return bootstrap_ppl_ci_plan(_windows(rec, metric))

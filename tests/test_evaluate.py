@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import diffquant as dq
+from diffquant import paired
 from diffquant.data import calib_dir
 from diffquant.evaluate import (
     encode_pair,
@@ -24,13 +25,19 @@ from diffquant.evaluate import (
     text_perplexity,
 )
 from diffquant.paired import (
+    binomial_head,
     bootstrap_ppl_ci,
+    bootstrap_ppl_ci_plan,
     difference_of_degradations,
+    difference_of_degradations_plan,
     discordant_counts,
     mcnemar_exact,
     paired_arrays,
     paired_bootstrap,
+    paired_bootstrap_plan,
     paired_bootstrap_ppl,
+    paired_bootstrap_ppl_plan,
+    resample,
 )
 from diffquant.tasks import load_task
 from diffquant.tokenizer import default_tokenizer
@@ -341,6 +348,13 @@ def test_mcnemar_hand_computed_values():
     assert mcnemar_exact([1, 0, 1], [1, 0, 1]) == 1.0
 
 
+def test_binomial_head_is_the_exact_sum_of_binomial_coefficients():
+    rng = np.random.default_rng(3)
+    for n in [0, 1, 2, 7, *rng.integers(8, 3000, 6).tolist()]:
+        for k in {0, n // 2, n, *rng.integers(0, n + 1, 2).tolist()}:
+            assert binomial_head(n, k) == sum(math.comb(n, i) for i in range(k + 1)), (n, k)
+
+
 def test_bootstrap_ppl_ci():
     rng = np.random.default_rng(1)
     tokens = rng.integers(50, 65, size=60).astype(float)
@@ -373,6 +387,42 @@ def test_paired_bootstrap_ppl():
     assert 0 < out["low"] < out["delta"] < out["high"]
     with pytest.raises(ValueError, match="do not pair"):
         paired_bootstrap_ppl(a.tolist(), b[:-1].tolist())
+
+
+def _plans_over(m: int, rng) -> list:
+    """One plan of each statistic over m fresh random units."""
+    a, b = _correctness(m, 0.6, rng), _correctness(m, 0.5, rng)
+    tokens = rng.integers(20, 70, m).astype(float)
+    wa = np.stack([tokens * rng.uniform(2.5, 3.5, m), tokens], 1)
+    wb = np.stack([wa[:, 0] + tokens * rng.normal(0.05, 0.02, m), tokens], 1)
+    return [paired_bootstrap_plan(a, b), paired_bootstrap_ppl_plan(wa, wb), bootstrap_ppl_ci_plan(wb),
+            difference_of_degradations_plan(a, b, b, _correctness(m, 0.5, rng)), paired_bootstrap_plan(a, b)]
+
+
+@pytest.mark.parametrize("sums_bytes", [paired.SUMS_BYTES, 8 * 700 * 2])  # all columns at once; two at a time
+def test_resample_together_equals_each_statistic_alone(monkeypatch, sums_bytes):
+    """Plans over the same units share one set of resamples: the same results as each alone (accuracies
+    exactly: integer sums; perplexities to rounding: one matrix product over more columns), and as a naive
+    loop over the draws in float64."""
+    monkeypatch.setattr(paired, "SUMS_BYTES", sums_bytes)
+    rng = np.random.default_rng(8)
+    plans = [p for m in (37, 500, 37, 1) for p in _plans_over(m, rng)]
+    together = resample(plans, 700, seed=4)
+    for plan, got in zip(plans, together, strict=True):
+        alone = resample([plan], 700, seed=4)[0]
+        assert got.keys() == alone.keys() and got["n_boot"] == 700
+        if "n_items" in got:
+            assert got == alone
+        else:
+            assert got == pytest.approx(alone, rel=1e-12)
+    tok, nll_a, nll_b = plans[6].vectors.T  # m = 500: the paired change of perplexity
+    naive_rng, chunk, naive = np.random.default_rng(4), paired.CHUNK_DRAWS // 500, []
+    for start in range(0, 700, chunk):  # drawn chunk by chunk, as the resamples are
+        for idx in naive_rng.integers(0, 500, size=(min(chunk, 700 - start), 500)):
+            t = math.fsum(tok[idx])
+            naive.append(math.exp(math.fsum(nll_b[idx]) / t) - math.exp(math.fsum(nll_a[idx]) / t))
+    np.testing.assert_allclose([together[6]["low"], together[6]["high"]], np.percentile(naive, [2.5, 97.5]),
+                               rtol=1e-9)
 
 
 def test_difference_of_degradations():

@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     if args.format not in REPORT_FORMATS:
         raise UserError(f"unknown format {args.format!r}; choose one of {', '.join(REPORT_FORMATS)}")
     metrics = [m.strip() for m in args.metric.split(",") if m.strip()] if args.metric else None
-    records = load_records(args.records)
+    records = load_records(args.records, compact=True)  # per-unit arrays: large files fit in memory
     text = render_report(records, args.format, metrics, n_boot=args.n_boot, seed=args.seed, pairs=_pairs(args.pair))
     print(text)
     if args.output:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from . import hostile as h
+from .conftest import FIXTURES
 
 LIMIT = 2 << 30
 HUGE = {"vocab_size": 1 << 21, "d_model": 1 << 16}  # within the sanity limits: 137G parameters
@@ -58,3 +59,45 @@ def test_huge_declared_models_are_refused_within_2_gib(work, tmp_path):
     assert results.pop("peak_kib") * 1024 < LIMIT
     for name, (code, err) in results.items():
         assert code == 2 and err.startswith("diffquant: error:") and err.count("\n") == 1, (name, err)
+
+
+def _large_records(path: Path, items: int = 3000, cells: int = 16) -> Path:
+    """``cells`` multiple-choice records (distinct bit widths) of ``items`` random items each, one per line."""
+    import numpy as np
+
+    lines = (FIXTURES / "records.jsonl").read_text().splitlines()
+    template = next(r for r in map(json.loads, lines) if r["kind"] == "multiple_choice")
+    rng = np.random.default_rng(0)
+    with path.open("w") as fh:
+        for bits in range(1, cells + 1):
+            ll = rng.normal(-50, 10, (items, 4))
+            rows = [{"id": i, "gold": 0, "predicted": int(ll[i].argmax()), "predicted_norm": int(ll[i].argmax()),
+                     "correct": bool(ll[i].argmax() == 0), "correct_norm": bool(ll[i].argmax() == 0),
+                     "ll": ll[i].tolist()} for i in range(items)]
+            rec = {**template, "bits": bits, "target": "attn_logits", "metrics": {**template["metrics"],
+                                                                                 "n": items, "items": rows}}
+            fh.write(json.dumps(rec) + "\n")
+    return path
+
+
+def _traced_peak(fn) -> int:
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        fn()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_report_holds_less_than_its_records_file(tmp_path):
+    """`report` reads records line by line into arrays: its peak stays below the file's size (read whole, as
+    parsed JSON, it is ~2.7x the file)."""
+    from diffquant.records import load_records
+
+    file = _large_records(tmp_path / "large.jsonl")
+    size = file.stat().st_size
+    compact = _traced_peak(lambda: load_records([file], compact=True))
+    parsed = _traced_peak(lambda: load_records([file]))
+    assert compact < 0.8 * size < 2 * size < parsed, (compact, size, parsed)
