@@ -6,6 +6,13 @@ The test asks instead whether the model's choice carries information about the a
 shuffled among items with the same number of choices, which keeps both the answer key's and the model's biases,
 and the p-value is the share of shuffles scoring at least the observed accuracy. With two choices this is the
 one-sided Fisher exact test of the prediction × gold table, up to Monte-Carlo error.
+
+Why not ``scipy.stats.permutation_test``: with one choice count, ``permutation_type="pairings"`` given our
+generator and batch shuffles exactly as :func:`permuted_hits` (the same p, tests/test_chance.py) in about the same
+time, but it cannot shuffle within groups, which a task file mixing choice counts needs (upstream ARC has 3 to
+5; the bundled tasks have one each), and calls per group do not add up: a group of at most 7 items is
+enumerated exactly (n! ≤ 20,000 permutations) instead of sampled, and each call draws a whole last batch,
+shifting the next group's shuffles.
 """
 
 from __future__ import annotations

@@ -63,3 +63,18 @@ def test_acc_norm_reads_the_length_normalised_prediction():
 def test_bad_input_is_refused(items, metric, message):
     with pytest.raises(ValueError, match=message):
         above_chance(items, metric)
+
+
+@pytest.mark.parametrize("n, k, perms", [(300, 4, 5_000), (61, 2, 4_096), (1000, 5, 2_049)])
+def test_one_choice_count_is_scipy_permutation_test_on_the_same_shuffles(n, k, perms):
+    """scipy's "pairings" permutation test, given our generator and batch, shuffles exactly as we do: the same
+    p (chance.py says why the test stays ours)."""
+    from scipy.stats import permutation_test
+
+    rng = np.random.default_rng(n)
+    gold, pred = _informative(rng, n, k, 0.1)
+    ours = above_chance(_items(gold, pred, [k] * n), n_permutations=perms, seed=9)["p"]
+    theirs = permutation_test((gold,), lambda g, axis=-1: (g == pred).sum(axis), permutation_type="pairings",
+                              vectorized=True, n_resamples=perms, batch=2048, alternative="greater",
+                              rng=np.random.default_rng(9)).pvalue
+    assert ours == theirs

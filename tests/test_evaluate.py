@@ -425,6 +425,38 @@ def test_resample_together_equals_each_statistic_alone(monkeypatch, sums_bytes):
                                rtol=1e-9)
 
 
+def _scipy_interval(data, statistic, n: int, seed: int) -> tuple[float, float]:
+    """scipy's paired percentile bootstrap with our generator and chunk size: it draws our resamples."""
+    ci = scipy.stats.bootstrap(data, statistic, paired=True, vectorized=True, method="percentile", n_resamples=n,
+                               batch=max(1, paired.CHUNK_DRAWS // len(data[0])),
+                               rng=np.random.default_rng(seed)).confidence_interval
+    return ci.low, ci.high
+
+
+@pytest.mark.parametrize("m, n", [(400, 3000), (4100, 1200)])  # one chunk of resamples; several
+def test_every_interval_is_scipy_bootstrap_on_the_same_resamples(m, n):
+    """The same numbers as ``scipy.stats.bootstrap(paired=True, method="percentile")`` (paired.py says why the
+    resampling stays ours: a report's hundreds of intervals share one pass), to rounding, on fresh data."""
+    rng = np.random.default_rng(m)
+    a, b, c, d = (_correctness(m, p, rng) for p in (0.6, 0.5, 0.55, 0.45))
+    tokens = rng.integers(20, 70, m).astype(float)
+    nll_a = tokens * rng.uniform(2.5, 3.5, m)
+    nll_b = nll_a + tokens * rng.normal(0.05, 0.02, m)
+    wa, wb = np.stack([nll_a, tokens], 1), np.stack([nll_b, tokens], 1)
+    pairs = [
+        (paired_bootstrap(a, b, n, seed=3), ((a, b), lambda x, y, axis: y.mean(axis) - x.mean(axis))),
+        (difference_of_degradations(a, b, c, d, n, seed=3),
+         ((a, b, c, d), lambda w, x, y, z, axis: (z - y).mean(axis) - (x - w).mean(axis))),
+        (bootstrap_ppl_ci(wb, n, seed=3), ((nll_b, tokens), lambda x, t, axis: np.exp(x.sum(axis) / t.sum(axis)))),
+        (paired_bootstrap_ppl(wa, wb, n, seed=3),
+         ((tokens, nll_a, nll_b), lambda t, x, y, axis: np.exp(y.sum(axis) / t.sum(axis)) -
+          np.exp(x.sum(axis) / t.sum(axis)))),
+    ]
+    for ours, (data, statistic) in pairs:
+        np.testing.assert_allclose([ours["low"], ours["high"]], _scipy_interval(data, statistic, n, 3),
+                                   rtol=1e-9, atol=1e-15)
+
+
 def test_difference_of_degradations():
     rng = np.random.default_rng(4)
     m = 300
