@@ -16,7 +16,7 @@ import pkgutil
 import sys
 
 from . import commands, distributed
-from .cliargs import check_numbers, path_roles
+from .cliargs import check_numbers, launch_arguments, path_roles
 from .errors import UserError, first_line
 from .io import check_outputs, refuse_overlap
 
@@ -75,12 +75,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     args.argv = list(sys.argv[1:] if argv is None else argv)
-    say = _say if distributed.launch_rank() == 0 or args.verbose else lambda _: None  # one line per run, not per rank
     try:
         inputs, outputs = path_roles(args)
         refuse_overlap(inputs, outputs)
         check_outputs(outputs)
         with distributed.session():  # torchrun / accelerate launch: join the process group
+            distributed.agree(launch_arguments(parser, args))  # every rank runs the same command
             return args.func(args)
     except BrokenPipeError:  # `diffquant info X | head`: the reader left; stop quietly, as Unix tools do
         _silence_stdout()
@@ -88,16 +88,26 @@ def main(argv: list[str] | None = None) -> int:
     except INPUT_ERRORS as exc:
         if args.verbose:
             raise
-        say(f"diffquant: error: {first_line(exc)}")
+        _say_once(exc, f"diffquant: error: {first_line(exc)}")
         return EXIT_USAGE
     except KeyboardInterrupt:
-        say("diffquant: interrupted")
+        _say_once(None, "diffquant: interrupted")
         return 130
     except Exception as exc:  # the last resort: one line, never a traceback unless asked
         if args.verbose:
             raise
-        say(f"diffquant: internal error: {type(exc).__name__}: {first_line(exc)} (rerun with -v for the traceback)")
+        _say_once(exc, f"diffquant: internal error: {type(exc).__name__}: {first_line(exc)} (rerun with -v for the "
+                       "traceback)")
         return EXIT_INTERNAL
+
+
+def _say_once(exc: BaseException | None, line: str) -> None:
+    """One line per launch, not per rank: rank 0 says it, and another rank only a failure of its own (every
+    rank raises the collective ones, which name the rank, alike), prefixed with its rank."""
+    if distributed.launch_rank() == 0:
+        _say(line)
+    elif exc is not None and not isinstance(exc, (distributed.RankInputError, distributed.RankFailed)):
+        _say(f"diffquant: rank {distributed.launch_rank()}: {line.removeprefix('diffquant: ')}")
 
 
 def _silence_stdout() -> None:

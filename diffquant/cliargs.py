@@ -120,6 +120,29 @@ def path_roles(args: argparse.Namespace) -> tuple[dict[str, list[str]], dict[str
     return inputs, given(getattr(args, "outputs", OUTPUT_FLAGS), "--", _with_companions)
 
 
+RANK_OWN = frozenset({"verbose", "device", "threads"})  # what each rank of a launch may set for itself
+
+
+def launch_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, str]:
+    """The arguments every rank of a torchrun launch must share, by flag (``--tokens``) or positional name:
+    the command and each of its arguments but the outputs (rank 0 alone writes) and :data:`RANK_OWN`."""
+    own = RANK_OWN | set(getattr(args, "outputs", OUTPUT_FLAGS))
+    out = {"the command": str(args.command)}
+    for action in _command_actions(parser, args.command):
+        if action.dest in own or action.dest in ("help", argparse.SUPPRESS) or not hasattr(args, action.dest):
+            continue
+        longs = [o for o in action.option_strings if o.startswith("--")]
+        out[(longs or action.option_strings or [action.dest])[0]] = repr(getattr(args, action.dest))
+    return out
+
+
+def _command_actions(parser: argparse.ArgumentParser, command: str | None) -> list[argparse.Action]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            return action.choices[command]._actions
+    return []
+
+
 def hist_plot_path(plot: str) -> str:
     """The histogram figure written beside a ``--plot`` PNG (``x.png`` -> ``x-hist.png``)."""
     p = Path(plot)

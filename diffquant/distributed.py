@@ -11,7 +11,8 @@ Inside a process group the measuring functions (``profile``, ``score_requests`` 
 (:func:`block` for streams whose order matters, :func:`strided` for independent batches), and
 :func:`reduce_on_main` sends the shares to rank 0, which merges them in rank order and hands the result to
 every rank. A rank that fails still reaches the collective, so the whole run fails with the first failure's
-one line instead of hanging, and nothing is written from partial results.
+one line instead of hanging, and nothing is written from partial results. Before any of it, :func:`agree`
+refuses a launch whose ranks were given different arguments.
 """
 
 from __future__ import annotations
@@ -40,6 +41,10 @@ class RankFailed(RuntimeError):
 
 class RankInputError(UserError):
     """A rank refused its input (a UserError, ValueError or OSError there); the message names the rank."""
+
+
+class RanksDisagree(RankInputError):
+    """The ranks of a launch were given different arguments; the message names the first and the ranks."""
 
 
 # ---------------------------------------------------------------------------------------------------- the group
@@ -133,6 +138,40 @@ def session():
         finish()
 
 
+def agree(values: dict[str, str]) -> None:
+    """Refuse, on every rank alike, a launch whose ranks hold different ``values`` (name -> value as text: the
+    arguments every rank must share). Ranks that disagree would shard different work and fail later in a merge
+    (an IndexError) or hang; here the first differing name and who holds what make one line. Gathered over
+    gloo (a gloo group beside an NCCL one), so it needs no device."""
+    if not is_distributed():
+        return
+    d = _dist()
+    group = None if d.get_backend() == "gloo" else d.new_group(backend="gloo")
+    gathered: list[dict[str, str] | None] = [None] * world_size()
+    _collective(lambda: d.all_gather_object(gathered, values, group=group))
+    for name in dict.fromkeys(k for ranked in gathered for k in ranked):
+        held: dict[str | None, list[int]] = {}
+        for r, ranked in enumerate(gathered):
+            held.setdefault(ranked.get(name), []).append(r)
+        if len(held) > 1:
+            who = "; ".join(f"{_ranks(rs)}: {'(not given)' if v is None else v}" for v, rs in held.items())
+            raise RanksDisagree(f"the ranks of this launch were given different {name} ({who}); every rank "
+                                "must run the same command")
+
+
+def _collective(call: Callable[[], T]) -> T:
+    """``call()``, a collective; a peer that failed on its own and left (gloo: "Connection closed by peer") is
+    one line pointing at that rank's own line, not the transport's message."""
+    try:
+        return call()
+    except RuntimeError as exc:  # -v shows the transport's traceback
+        raise RankFailed("another rank left the launch during a collective; its own error line says why") from exc
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+
+
 # ---------------------------------------------------------------------------------------------------- sharding
 
 def block(items: Sequence[T]) -> tuple[int, Sequence[T]]:
@@ -176,7 +215,7 @@ def reduce_on_main(local: Callable[[], T], merge: Callable[[list[T]], R]) -> R:
     d = _dist()
     share = _attempt(local)
     shares = [None] * world_size() if is_main() else None
-    d.gather_object(share, shares, dst=0)
+    _collective(lambda: d.gather_object(share, shares, dst=0))
     if is_main():
         failed = [(r, err) for r, (_, err) in enumerate(shares) if err is not None]
         if failed:
@@ -185,7 +224,7 @@ def reduce_on_main(local: Callable[[], T], merge: Callable[[list[T]], R]) -> R:
             result, err = _attempt(lambda: merge([s for s, _ in shares]))
             payload = (result, None if err is None else (0, err))
     box = [payload if is_main() else None]
-    d.broadcast_object_list(box, src=0)
+    _collective(lambda: d.broadcast_object_list(box, src=0))
     result, failure = box[0]
     if failure is not None:
         _raise(*failure)
