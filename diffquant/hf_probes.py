@@ -354,6 +354,8 @@ def load_hf_model(path: str | Path, dtype: torch.dtype = torch.float32, **dispat
     except RuntimeError:  # transformers' size-mismatch report
         raise CheckpointError(f"{path}: config does not match the weights (tensor shapes differ from what "
                               "config.json implies)") from None
+    except ImportError as exc:  # the package a quantized folder's loader needs is missing (or too old)
+        raise CheckpointError(_missing_package(path, exc)) from None
     except (OSError, ValueError, KeyError) as exc:
         raise CheckpointError(f"{path}: transformers cannot load it ({first_line(exc)})") from None
     missing = sorted(info.get("missing_keys") or []) + sorted(info.get("mismatched_keys") or [])
@@ -407,6 +409,14 @@ def _check_tied_head(path: Path, config, skeleton: nn.Module) -> None:
 HF_SIZE_KEYS = {"vocab_size": "vocab_size", "hidden_size": "d_model", "num_hidden_layers": "n_layers",
                 "num_attention_heads": "n_heads", "num_key_value_heads": "n_kv_heads", "head_dim": "head_dim",
                 "intermediate_size": "ffn_dim", "max_position_embeddings": "max_seq_len"}
+
+
+def _missing_package(path: Path, exc: ImportError) -> str:
+    if is_compressed_folder(path):
+        return (f"{path}: transformers loads compressed-tensors folders only with the compressed-tensors package "
+                "(>= 0.15), which is missing or older here: pip install 'diffquant[export]' (diffquant reads such a "
+                "folder itself when --device-map is left out)")
+    return f"{path}: transformers needs a package that is missing here to load it ({first_line(exc)})"
 
 
 def _checked_config(path: Path):
