@@ -73,40 +73,37 @@ def resample(plans: Sequence[Plan], n: int, seed: int) -> list[dict]:
     by_units: dict[int, list[int]] = {}
     for i, v in enumerate(vectors):
         by_units.setdefault(v.shape[0], []).append(i)
-    draws = sum(n * m for m in by_units)
+    groups = [(members, *_distinct_columns([vectors[i] for i in members])) for members in by_units.values()]
+    width = max(1, SUMS_BYTES // (8 * n))  # more columns than this: one pass over the resamples per block
+    draws = sum(n * table.shape[0] * -(-table.shape[1] // width) for _, table, _ in groups)
     results: list[dict | None] = [None] * len(plans)
-    from .progress import progress_bar  # lazy: keeps the statistics importable without tqdm loaded
+    from .progress import progress_bar  # lazy: only long resampling shows one
 
     with progress_bar(total=draws, desc="bootstrap", unit="draw", unit_scale=True, leave=False,
                       disable=draws < PROGRESS_DRAWS) as bar:
-        for members in by_units.values():
-            sums = _shared_sums([vectors[i] for i in members], n, seed, bar)
-            for i, s in zip(members, sums, strict=True):
-                results[i] = plans[i].finish(s)
+        for members, table, where in groups:
+            sums = _column_sums(table, n, seed, width, bar)
+            for i, w in zip(members, where, strict=True):
+                results[i] = plans[i].finish(sums[:, w])
     return results
 
 
-def _shared_sums(vectors: list[np.ndarray], n: int, seed: int, bar) -> list[np.ndarray]:
-    """Bootstrap sums (n, p) of each (m, p) array, over one set of resamples of the m units."""
+def _distinct_columns(vectors: list[np.ndarray]) -> tuple[np.ndarray, list[list[int]]]:
+    """The distinct columns of (m, p) arrays as one (m, P) table, and where each array's columns are in it."""
     columns: dict[bytes, int] = {}
-    where = []
-    for v in vectors:
-        where.append([columns.setdefault(np.ascontiguousarray(c).tobytes(), len(columns)) for c in v.T])
-    table = np.stack([np.frombuffer(c) for c in columns], axis=1)
+    where = [[columns.setdefault(np.ascontiguousarray(c).tobytes(), len(columns)) for c in v.T] for v in vectors]
+    return np.stack([np.frombuffer(c) for c in columns], axis=1), where
+
+
+def _column_sums(table: np.ndarray, n: int, seed: int, width: int, bar) -> np.ndarray:
+    """Sums (n, P) of the table's columns over the n resamples of its m rows, ``width`` columns per pass."""
     sums = np.empty((n, table.shape[1]))
-    width = max(1, SUMS_BYTES // (8 * n))  # more columns than this: one pass over the resamples per block
     for first in range(0, table.shape[1], width):
         block = np.ascontiguousarray(table[:, first:first + width])
         for s, counts in _counts(seed, table.shape[0], n):
             sums[s:s + len(counts), first:first + width] = counts @ block
             bar.update(counts.size)
-    return [sums[:, w] for w in where]
-
-
-def bootstrap_sums(vectors: np.ndarray, n: int, seed: int) -> np.ndarray:
-    """Column sums of ``vectors`` (m units, p columns) over ``n`` bootstrap resamples of its rows: (n, p), as
-    :func:`resample` draws them."""
-    return resample([Plan(np.asarray(vectors, dtype=np.float64), lambda sums: {"sums": sums})], n, seed)[0]["sums"]
+    return sums
 
 
 def _counts(seed: int, m: int, n: int):
