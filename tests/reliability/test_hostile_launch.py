@@ -76,10 +76,10 @@ def _worker(rank: int, ports: list[int], names: dict, out: str) -> None:
         where = {**names, "out": f"{names['out']}/{case.replace('/', '-')}"}
         results[case] = _run([a.format_map(where) for a in argvs[rank]], port)
     if rank == 1:  # a failure of this rank alone, outside any collective
-        import diffquant.commands.profile as command
+        import diffquant.profile_checkpoint as library
         from diffquant.errors import UserError
 
-        command.documents = lambda *_: (_ for _ in ()).throw(UserError("text.txt: unreadable on this rank"))
+        library.documents = lambda *_: (_ for _ in ()).throw(UserError("text.txt: unreadable on this rank"))
     results["alone"] = _run([a.format_map({**names, "out": f"{names['out']}/alone"}) for a in PROFILE], ports[-1])
     Path(out, f"rank{rank}.json").write_text(json.dumps(results))
 
