@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from . import distributed
 from .dispatch import input_device
 from .io import finite_or_none
+from .probes import real_lengths
 from .progress import progress_bar
 from .tasks import TASKS, Item, canonical_task, limit_ids, load_task
 
@@ -92,7 +93,8 @@ def score_requests(model, requests: Sequence[Request], batch_size: int = 8, max_
     ``(ctx + cont)[-(max_len + 1):][:-1]``; a continuation longer than ``max_len`` is scored in consecutive
     pieces of ``max_len`` tokens, each after everything before it (left-truncated), and the pieces summed.
     Rows run longest first (as lm-eval) so a batch wastes little padding; a causal model never sees the
-    padding of shorter rows.
+    padding of shorter rows, nor do the scales of dynamic activation quantizers (:func:`real_lengths`), so a
+    request scores the same in any batch.
     """
     max_len = max_len or model_max_len(model)
     if batch_size < 1:
@@ -111,7 +113,8 @@ def score_requests(model, requests: Sequence[Request], batch_size: int = 8, max_
         with _eval_mode(model), progress_bar(total=len(order), desc=desc, disable=not progress, leave=False) as bar:
             for j in distributed.strided(len(batches)):
                 rows = batches[j]
-                logits = _logits(model, _pad([inputs[i] for i in rows], device))
+                with real_lengths([len(inputs[i]) for i in rows]):
+                    logits = _logits(model, _pad([inputs[i] for i in rows], device))
                 for r, i in enumerate(rows):
                     mine[i] = _continuation_score(logits[r], len(inputs[i]), pieces[i][1])
                 bar.update(len(rows) * distributed.world_size())

@@ -8,13 +8,19 @@ block and always removes them, also when the body raises.
 Attention tensors whose last two dims are (query, key) carry a causal mask; ``Probe.causal_mask`` gives the
 boolean mask of the entries that count (True = kept by the causal mask), taking the query offset of a
 query-chunked forward into account.
+
+A right-padded batch says which positions are real with ``real_lengths``: inside the block,
+:func:`padding_mask` marks the positions of each row past its length (dim -2 of every probed tensor: queries,
+keys or tokens), so dynamic quantizers set their scales from real tokens only and a sequence is quantized the
+same alone or padded in a batch.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import torch
@@ -77,6 +83,39 @@ def probes(model: nn.Module, kinds: str | tuple[str, ...] | None = None) -> dict
         name: mod for name, mod in model.named_modules()
         if isinstance(mod, Probe) and (kinds is None or mod.kind in kinds)
     }
+
+
+# Real tokens per row of the batch the running forward reads (None: every position is real).
+_REAL_LENGTHS: ContextVar[tuple[int, ...] | None] = ContextVar("diffquant_real_lengths", default=None)
+
+
+@contextmanager
+def real_lengths(lengths: Sequence[int]) -> Iterator[None]:
+    """Inside the block, row b of the (right-padded) batch a forward reads holds ``lengths[b]`` real tokens."""
+    lengths = tuple(int(n) for n in lengths)
+    if not lengths or min(lengths) < 1:
+        raise ValueError(f"real lengths must be positive, one per row, got {lengths}")
+    token = _REAL_LENGTHS.set(lengths)
+    try:
+        yield
+    finally:
+        _REAL_LENGTHS.reset(token)
+
+
+def padding_mask(x: torch.Tensor, q_offset: int = 0) -> torch.Tensor | None:
+    """Bool mask broadcastable to ``x`` [B, ..., T, F] (True = a real token at dim -2, whose positions start at
+    ``q_offset``) inside :func:`real_lengths`; None outside it or when no row is padded within ``x``."""
+    lengths = _REAL_LENGTHS.get()
+    if lengths is None or x.ndim < 3:  # a 2-d tensor has no position dim: (B, F) rows are whole tokens
+        return None
+    if x.shape[0] != len(lengths):
+        raise ValueError(f"a tensor of batch {x.shape[0]} inside real_lengths() for {len(lengths)} rows")
+    t = x.shape[-2]
+    if min(lengths) >= q_offset + t:
+        return None
+    pos = torch.arange(q_offset, q_offset + t, device=x.device)
+    keep = pos[None, :] < torch.tensor(lengths, device=x.device)[:, None]  # (B, T)
+    return keep.view((len(lengths),) + (1,) * (x.ndim - 3) + (t, 1))
 
 
 # hook(name, probe, tensor, call) -> None to observe, or a tensor to replace the value flowing on.

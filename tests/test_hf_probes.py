@@ -265,3 +265,22 @@ def test_profile_command_profiles_any_hf_folder_natively(tmp_path):
     (record,) = json.loads(out.read_text())
     assert record["model"]["model_type"] == "gpt2" and set(record["sites"]) == {"attn_logits", "hidden"}
     assert record["tokens"] == 256 and record["sites"]["attn_logits"]["count"] == 8 * 2 * 4 * 32 * 33 // 2
+
+
+# -- quantizers see the real tokens of a padded batch only -------------------------------------------------
+
+@pytest.mark.parametrize("model_type", ["llama", "diffllama"])
+def test_quantized_hf_rows_of_a_padded_batch_equal_the_rows_alone(model_type):
+    from diffquant.probes import real_lengths
+    from diffquant.quant import ActQuant, QuantConfig, quantize_model
+
+    q = quantize_model(HFProbed(hf_random(model_type)),
+                       QuantConfig(logits=ActQuant(4), hidden=ActQuant(6), activations=ActQuant(6, "sequence")))
+    x, lengths = ids(3), (T, 7, 12)
+    for b, n in enumerate(lengths):
+        x[b, n:] = V - 1
+    with torch.no_grad():
+        with real_lengths(lengths):
+            batched = q(x)
+        for b, n in enumerate(lengths):
+            assert torch.equal(q(x[b:b + 1, :n])[0], batched[b, :n])

@@ -8,8 +8,9 @@ exactly as long as the quantized model, survive ``copy.deepcopy`` and show in ``
 be removed, and the float original (``quantize`` works on a copy) is never touched.
 
 Scales are computed per forward over the entries that count: for attention maps, the causal mask (with the
-query offset of a chunked forward), so masked logits never set the scale. Every scale is at least per
-sequence, so a sequence gets the same result alone or in a batch.
+query offset of a chunked forward), so masked logits never set the scale; inside
+:func:`diffquant.probes.real_lengths` the padded positions of a right-padded batch never set it either. Every
+scale is at least per sequence, so a sequence gets the same result alone or padded in a batch.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from diffquant.kinds import ATTENTION_KINDS, MAP_KINDS
-from diffquant.probes import Probe
+from diffquant.probes import Probe, padding_mask
 from diffquant.quant.config import (
     HEAD_GRANULARITIES,
     PER_SEQUENCE_GRANULARITIES,
@@ -55,11 +56,18 @@ def act_granularity(granularity: str, ndim: int, kind: str | None = None) -> Per
 
 
 def quantize_activation(
-    x: torch.Tensor, act: ActQuant, kind: str | None = None, mask: torch.Tensor | None = None
+    x: torch.Tensor, act: ActQuant, kind: str | None = None, mask: torch.Tensor | None = None, q_offset: int = 0
 ) -> torch.Tensor:
-    """Fake-quantize ``x`` dynamically (a new tensor; ``x`` itself when ``act`` is the 16-bit no-op)."""
+    """Fake-quantize ``x`` dynamically (a new tensor; ``x`` itself when ``act`` is the 16-bit no-op).
+
+    Scales come from the entries ``mask`` keeps (None: all) that are real tokens (:func:`padding_mask`; dim -2
+    holds positions from ``q_offset``); padded entries are quantized with their row's scale all the same.
+    """
     if act.is_noop:
         return x
+    padded = padding_mask(x, q_offset)
+    if padded is not None:
+        mask = padded if mask is None else mask & padded
     return fake_quantize(x, act.bits, act_granularity(act.granularity, x.ndim, kind), act.symmetric, mask)
 
 
@@ -85,7 +93,7 @@ class QuantProbe(Probe):
             raise RuntimeError(
                 f"{self.kind} quantization with granularity {self.act.granularity!r} needs unchunked eager "
                 "attention (set_attn_impl('eager', chunk=None)) or granularity 'row'")
-        return quantize_activation(x, self.act, self.kind, self.causal_mask(x, q_offset))
+        return quantize_activation(x, self.act, self.kind, self.causal_mask(x, q_offset), q_offset)
 
     def scheme(self) -> dict:
         return {"type": "QuantProbe", "kind": self.kind, "act": self.act.to_dict()}

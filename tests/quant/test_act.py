@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from diffquant import build_model, hooked, probes
-from diffquant.probes import Probe
+from diffquant.probes import Probe, real_lengths
 from diffquant.quant import (
     ActQuant,
     InputQuantLinear,
@@ -24,13 +24,16 @@ from tests.helpers import randomize_
 
 
 def reference_absmax(x: torch.Tensor, bits: int, keep_dims: int, mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Symmetric absmax with one scale per index of the first ``keep_dims`` dims, by explicit loops."""
+    """Symmetric absmax with one scale per index of the first ``keep_dims`` dims, by explicit loops (a slice with
+    no entry that counts gets zeros)."""
     qmax = 2 ** (bits - 1) - 1
-    out = torch.empty_like(x)
+    out = torch.zeros_like(x)
     full_mask = torch.ones_like(x, dtype=torch.bool) if mask is None else mask.expand(x.shape)
     for idx in itertools.product(*[range(n) for n in x.shape[:keep_dims]]):
-        amax = x[idx][full_mask[idx]].abs().max()
-        scale = amax / qmax
+        counted = x[idx][full_mask[idx]]
+        if counted.numel() == 0:
+            continue
+        scale = counted.abs().max() / qmax
         out[idx] = torch.clamp(torch.round(x[idx] / scale), -qmax, qmax) * scale
     return out
 
@@ -107,6 +110,69 @@ def test_results_do_not_depend_on_the_batch(arch):
         batched = q(ids)
         for b in range(ids.shape[0]):
             assert torch.equal(q(ids[b:b + 1])[0], batched[b])
+
+
+def padded_mask(shape, lengths, causal: bool) -> torch.Tensor:
+    """Entries that count, by explicit loops: position (dim -2) inside its row's length, and key <= query."""
+    keep = torch.zeros(shape, dtype=torch.bool)
+    for idx in itertools.product(*[range(n) for n in shape]):
+        pos = idx[-2]
+        keep[idx] = pos < lengths[idx[0]] and (not causal or idx[-1] <= pos)
+    return keep
+
+
+@pytest.mark.parametrize("granularity, keep", [("tensor", 1), ("head", 2), ("row", None)])
+def test_padded_positions_never_set_a_logit_scale_float64_reference(arch, granularity, keep):
+    lengths = (4, 7)
+    x = 3 * torch.randn(logits_shape(arch), dtype=torch.float64)
+    x[0, ..., 5, 1] = 1e3  # a padded query of row 0: would own the scale if it counted
+    probe = QuantProbe("attn_logits", ActQuant(4, granularity))
+    with real_lengths(lengths):
+        got = probe(x)
+    assert torch.equal(got, reference_absmax(x, 4, keep or x.ndim - 1, padded_mask(x.shape, lengths, causal=True)))
+    if granularity != "row":  # outside the block the planted padding sets row 0's scale
+        assert not torch.equal(probe(x)[0, ..., :4, :], got[0, ..., :4, :])
+
+
+def test_padded_tokens_never_set_a_hidden_or_linear_input_scale_float64_reference():
+    lengths = (3, 6, 2)
+    x = torch.randn(3, 6, 8, dtype=torch.float64)
+    x[2, 4] = 50.0  # padding of row 2
+    expected = reference_absmax(x, 5, 1, padded_mask(x.shape, lengths, causal=False))
+    layer = InputQuantLinear.from_linear(nn.Linear(8, 4, dtype=torch.float64), ActQuant(5, "sequence"))
+    with real_lengths(lengths):
+        hidden = QuantProbe("hidden", ActQuant(5, "sequence"))(x)
+        out = layer(x)
+    assert torch.equal(hidden, expected)
+    assert torch.equal(out, F.linear(expected, layer.weight, layer.bias))
+
+
+@pytest.mark.parametrize("gran", ["tensor", "head"])
+def test_a_padded_sequence_is_quantized_as_alone(arch, gran):
+    """Each row of a right-padded batch gives what it gives alone (float32, exact)."""
+    model, ids = model_and_ids(arch)
+    cfg = QuantConfig(logits=ActQuant(4, gran), probs=ActQuant(6, "head"), qk=ActQuant(6, gran),
+                      hidden=ActQuant(8), activations=ActQuant(6, "tensor"))
+    q = quantize_model(model, cfg)
+    lengths = (24, 9, 15)
+    for b, n in enumerate(lengths):
+        ids[b, n:] = 100  # padding unlike any real token: large activations if it counted
+    with torch.no_grad():
+        with real_lengths(lengths):
+            batched = q(ids)
+        unmasked = q(ids)
+        for b, n in enumerate(lengths):
+            alone = q(ids[b:b + 1, :n])[0]
+            assert torch.equal(alone, batched[b, :n])
+    assert not torch.equal(unmasked[1, :9], batched[1, :9])  # without the lengths the padding leaks in
+
+
+def test_real_lengths_refuses_a_batch_it_does_not_describe():
+    with pytest.raises(ValueError, match="positive"):
+        with real_lengths([3, 0]):
+            pass
+    with real_lengths([3, 2]), pytest.raises(ValueError, match="batch 3"):
+        QuantProbe("hidden", ActQuant(8))(torch.randn(3, 4, 5))
 
 
 def rel_err(a, b):
