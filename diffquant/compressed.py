@@ -7,7 +7,8 @@ row permutations) in which each quantized block Linear stores, instead of ``weig
 * ``weight_packed`` int32 [out, ceil(in·bits/32)]: signed codes q in [-2**(b-1), 2**(b-1)-1] offset by
   2**(b-1) and packed densely, element i at bits i·b … i·b+b-1 of a little-endian bit stream (32 elements per
   ``bits`` words, words may be split);
-* ``weight_scale`` [out, n_groups] (strategy "channel": n_groups = 1, "group": in / group_size);
+* ``weight_scale`` [out, n_groups] (strategy "channel": n_groups = 1, "group": in / group_size; a shorter last
+  group is refused: compressed-tensors' group forward requires the group size to divide the width);
 * ``weight_shape`` int64 [2]. The runtime computes ``W = q · scale`` (strategy "channel" or "group").
 
 Our codes are written as they are (``q = code`` for absmax codes, ``q = code - 2**(b-1)`` for GPTQ's "full"
@@ -123,6 +124,10 @@ def save_compressed(model: LM, path: str | Path, tokenizer=None, overwrite: bool
             raise CheckpointError(f"{name} has asymmetric zero points, which this export does not write "
                                   "(transformers expects them unpacked, compressed-tensors packs them); "
                                   "quantize symmetrically")
+        if w.ragged:
+            raise CheckpointError(f"{name}: compressed-tensors groups must divide the input width, and "
+                                  f"{w.group_size} does not divide {w.codes.shape[1]} (quantize with "
+                                  f"{_dividing_sizes(ints.values())})")
         if not exactly_in(w.scale, dtype):
             raise CheckpointError(f"{name}'s scales are not exactly representable in {dtype} "
                                   "(export in float32, or quantize with --dtype float16)")
@@ -153,6 +158,15 @@ def save_compressed(model: LM, path: str | Path, tokenizer=None, overwrite: bool
                     "head-norm weight folded in, which a per-row scale cannot hold); listed in the metadata's %s "
                     "and the config's ignore list", path, len(dense), DENSE_KEY)
     return path
+
+
+def _dividing_sizes(weights) -> str:
+    """The group sizes that divide every input width, for a refusal."""
+    widths = sorted({w.codes.shape[1] for w in weights})
+    common = math.gcd(*widths)
+    fits = [str(g) for g in range(2, common + 1) if common % g == 0]
+    return (f"--group-size {' or '.join(fits)}, which divide" if fits else "no group size above 1 divides") + \
+        f" every width ({', '.join(map(str, widths))}), or with one scale per row"
 
 
 def _float_hf_into(folder: Path, float_model: LM, tokenizer, dtype: torch.dtype) -> dict[str, torch.Tensor]:

@@ -30,7 +30,8 @@ __all__ = ["IntWeight", "block_int_weights", "check_weight_only", "dequantized_c
 
 @dataclass(frozen=True)
 class IntWeight:
-    """One quantized Linear as integers: ``W[r, c] = (codes[r, c] - zero[r, g]) * scale[r, g]``, g = c // group."""
+    """One quantized Linear as integers: ``W[r, c] = (codes[r, c] - zero[r, g]) * scale[r, g]``, g = c // group
+    (the last group of a row is shorter when the group size does not divide the width)."""
 
     codes: torch.Tensor  # int16 [out, in]: signed (symmetric) or 0..2**bits-1 (asymmetric / "full" grid)
     scale: torch.Tensor  # float [out, n_groups] in its stored dtype
@@ -42,11 +43,16 @@ class IntWeight:
     def group(self) -> int:
         return self.group_size or self.codes.shape[1]
 
+    @property
+    def ragged(self) -> bool:
+        """Whether the last group of each row is shorter than the others (the size does not divide the width)."""
+        return self.codes.shape[1] % self.group != 0
+
     def signed(self) -> torch.Tensor:
         """``code - zero`` per weight (int16): the integer that multiplies the scale."""
         if self.zero is None:
             return self.codes
-        return self.codes - self.zero.repeat_interleave(self.group, dim=1)
+        return self.codes - self.zero.repeat_interleave(self.group, dim=1)[:, :self.codes.shape[1]]
 
     def centered(self) -> bool:
         """Symmetric around zero: no zero point, or the "full" grid's constant 2**(bits-1)."""

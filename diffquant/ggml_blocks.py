@@ -7,7 +7,8 @@ Both formats cut each row (input columns) into blocks of 32 with one float16 sca
 * Q4_0: 2 bytes d, 16 bytes of nibbles, byte j = q[j] | q[j + 16] << 4 with q in 0..15; ``x = d · (q - 8)``.
 
 Our weights ``(code - zero) · scale`` fit a format exactly when every block lies in one of our groups (group
-size a multiple of 32, or one scale per row), each scale is a float16 value, and ``code - zero`` lies in the
+size a multiple of 32, or one scale per row; a shorter last group of a row width that is a multiple of 32 then
+holds whole blocks too), each scale is a float16 value, and ``code - zero`` lies in the
 format's signed range (-128..127 for Q8_0, -8..7 for Q4_0: our 4-bit absmax codes ±7 and GPTQ's "full" 4-bit
 grid, codes 0..15 around zero point 8, both fit). :func:`llamacpp_quantize` instead rounds a float weight the
 way llama.cpp's ``quantize_row_q8_0_ref`` / ``quantize_row_q4_0_ref`` do, through the ``gguf`` package's numpy
@@ -34,7 +35,7 @@ def _qtype(name: str):
 
 
 def representable_problem(signed: np.ndarray, scale: np.ndarray, group: int, qtype: str) -> str | None:
-    """Why integer weights ``signed`` [out, in] with per-group float scales [out, in/group] do not fit
+    """Why integer weights ``signed`` [out, in] with per-group float scales [out, ceil(in/group)] do not fit
     ``qtype`` exactly, or None when they do."""
     cols = signed.shape[1]
     if cols % BLOCK:
@@ -57,7 +58,7 @@ def encode_blocks(signed: np.ndarray, scale: np.ndarray, group: int, qtype: str)
         raise UserError(f"not exactly representable as {qtype}: {problem}")
     rows, cols = signed.shape
     n_blocks = cols // BLOCK
-    d = np.repeat(scale.astype(np.float16), group // BLOCK, axis=1).reshape(rows * n_blocks, 1)  # one per block
+    d = np.repeat(scale.astype(np.float16), group // BLOCK, axis=1)[:, :n_blocks].reshape(rows * n_blocks, 1)
     q = signed.reshape(rows * n_blocks, BLOCK)
     if qtype == "Q8_0":
         payload = q.astype(np.int8).view(np.uint8)

@@ -32,7 +32,7 @@ from .checkpoint.hf import MODEL_TYPES
 from .errors import UserError
 from .hf_probes import HFProbed, load_hf_model, logits_unsupported_reason
 from .kinds import ATTN_LOGITS, HIDDEN
-from .quant.api import default_filter, group_size_problem, is_conv1d
+from .quant.api import is_conv1d
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +63,8 @@ def load_probed_hf(path: str | Path, device: str | torch.device = "cpu") -> HFPr
 load_native = load_probed_hf  # the old name; checkpoint.native.load_native reads diffquant's own folders
 
 
-def check_native(path: str | Path, kinds, group_size: int | None = None) -> None:
-    """Refuse, in one line, probe ``kinds`` the model does not have and a group size its Linear widths reject."""
+def check_native(path: str | Path, kinds) -> None:
+    """Refuse, in one line, probe ``kinds`` the model does not have."""
     config = _hf_config(path)
     missing = sorted(set(kinds) - set(NATIVE_KINDS))
     if missing:
@@ -72,19 +72,6 @@ def check_native(path: str | Path, kinds, group_size: int | None = None) -> None
                         f"{', '.join(missing)}")
     if ATTN_LOGITS in kinds and (reason := logits_unsupported_reason(config)):
         raise UserError(f"{path}: {reason}; nothing would be quantized")
-    if group_size is not None:
-        if (problem := group_size_problem(group_size, linear_widths(config))) is not None:
-            raise UserError(f"{path}: {problem}")
-
-
-def linear_widths(config) -> list[int]:
-    """Input widths of the block Linear / Conv1D layers, from a model built on the meta device."""
-    from transformers import AutoModelForCausalLM
-
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    return sorted({m.weight.shape[0] if is_conv1d(m) else m.weight.shape[1]
-                   for n, m in model.named_modules() if default_filter(n, m)})
 
 
 def conv1d_names(model: nn.Module) -> set[str]:

@@ -52,7 +52,6 @@ from .kinds import SEQUENCE, canonical_granularity
 from .memory import check_fits, forward_bytes
 from .progress import progress_bar
 from .quant import ActQuant, QuantConfig, WeightQuant, quantize, weight_method, weight_methods
-from .quant.api import group_size_problem
 from .quant.config import ACT_TARGETS
 from .records import (
     BASELINE_BITS,
@@ -328,12 +327,9 @@ def check_checkpoint(path: str, scheme: Scheme) -> None:
         raise ValueError(f"{path} is already quantized: score it as stored with --target none, or sweep its float "
                          "checkpoint")
     if is_native_hf(path):  # any other HF causal LM: quantized through HFProbed
-        check_native(path, scheme.config(4).probe_targets(), scheme.group_size)
+        check_native(path, scheme.config(4).probe_targets())
         return
-    cfg = read_model_config(path)
-    if scheme.group_size is not None:
-        if (problem := group_size_problem(scheme.group_size, {cfg.d_model, cfg.q_dim, cfg.ffn_dim})) is not None:
-            raise ValueError(f"{path}: {problem}")
+    read_model_config(path)
 
 
 def _plan(path: str, existing: list[dict], scheme: Scheme, bits: list[int], tasks: list[Task],

@@ -67,13 +67,13 @@ def test_llamacpp_rounding_matches_the_c_reference(qtype, reference):
 
 
 @pytest.mark.parametrize("qtype, lo, hi", [("Q8_0", -127, 127), ("Q4_0", -8, 7)])
-@pytest.mark.parametrize("group", [32, 64, 96])
+@pytest.mark.parametrize("group", [32, 64, 96, 128, 256])  # 128: 128 + 64 columns; 256: one group, cut short
 def test_our_codes_dequantize_exactly(qtype, lo, hi, group):
     rng = np.random.default_rng(group)
     signed = rng.integers(lo, hi + 1, size=(5, 192))
-    scale = rng.uniform(1e-3, 2, size=(5, 192 // group)).astype(np.float16).astype(np.float32)
+    scale = rng.uniform(1e-3, 2, size=(5, -(-192 // group))).astype(np.float16).astype(np.float32)
     raw = encode_blocks(signed, scale, group, qtype)
-    expected = signed.astype(np.float64) * np.repeat(scale, group, axis=1)
+    expected = signed.astype(np.float64) * np.repeat(scale, group, axis=1)[:, :192]
     assert np.array_equal(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[qtype]), expected)
 
 
@@ -121,6 +121,8 @@ def test_float_model_is_rounded_by_llamacpp(qtype, tmp_path):
     ("q4_0", WeightQuant("rtn", bits=4, group_size=32)),
     ("q4_0", WeightQuant("gptq", bits=4, group_size=32)),  # the "full" grid: codes 0..15 around 8
     ("q4_0", WeightQuant("rtn", bits=3, group_size=32)),
+    ("q4_0", WeightQuant("rtn", bits=4, group_size=64)),  # ragged: widths 32 (one short group) and 96 (64 + 32)
+    ("q4_0", WeightQuant("gptq", bits=4, group_size=64)),
     ("q8_0", WeightQuant("rtn", bits=8, group_size=None)),
     ("q8_0", WeightQuant("rtn", bits=4, group_size=32, symmetric=False)),  # code - zero in -15..15
 ])

@@ -3,7 +3,7 @@
 Two stages, both before anything is trusted:
 
 * :func:`check_schemes`: each module scheme of ``quant.json`` against the float skeleton it replaces — known
-  type, integer bits in the quantizer's range, a group size that is positive and divides the width, booleans
+  type, integer bits in the quantizer's range, a positive group size (the last group of a row may be shorter), booleans
   where booleans go, and the skeleton's own shape (so a declared 10^9 x 10^9 Linear is refused before any
   buffer is allocated);
 * :func:`check_codes`: the stored tensors — every code inside its bit width's range (a 3-bit code 12 would
@@ -61,10 +61,9 @@ def _scheme_problem(model: nn.Module, name: str, scheme) -> str | None:
     bits = scheme.get("bits")
     if not _int(bits) or not BITS[0] <= bits <= BITS[1]:
         return f"bits must be an integer in {BITS[0]}..{BITS[1]}, got {bits!r}"
-    width = shape.get("in_features", shape.get("embedding_dim"))
     group = scheme.get("group_size")
-    if group is not None and (not _int(group) or group <= 0 or width % group):
-        return f"group_size must be null or a positive divisor of the input width {width}, got {group!r}"
+    if group is not None and (not _int(group) or group <= 0):
+        return f"group_size must be null or a positive integer, got {group!r}"
     return None
 
 
@@ -97,10 +96,13 @@ def _codes_problem(scheme: dict, qweight: torch.Tensor, scale: torch.Tensor, zer
     if not bool(torch.isfinite(s).all()) or bool((s < 0).any()):
         return "scales must be finite and non-negative"
     if bool((s == 0).any()):
-        groups = u.reshape(u.shape[0], s.shape[1], -1)  # (rows, n_groups, group)
-        z = (-qmin if zero is None else zero.to(torch.int16))  # the stored value of code 0 / of the zero point
-        at_zero = (groups.to(torch.int16) == (z if zero is None else z[..., None])).all(-1)
-        if bool(((s == 0) & ~at_zero).any()):
+        group = scheme.get("group_size") or width
+
+        def per_column(t: torch.Tensor) -> torch.Tensor:  # [rows, n_groups] -> [rows, width]
+            return t.repeat_interleave(group, dim=1)[:, :width]
+
+        z = -qmin if zero is None else per_column(zero.to(torch.int16))  # the stored value of code 0 / zero point
+        if bool((per_column(s == 0) & (u.to(torch.int16) != z)).any()):
             return "a zero scale over codes that are not zero (the codes would be lost)"
     return None
 

@@ -105,7 +105,7 @@ def _run_native(args: argparse.Namespace, source: Path, out: Path, config) -> in
     from ..quant import quantize_
     from ..quant.registry import HF_DEQUANTIZED, refuse_export
 
-    check_native(source, config.probe_targets(), args.group_size)
+    check_native(source, config.probe_targets())
     if config.activations is not None or config.logits is not None:
         raise UserError(f"{source} is an HF folder: --out holds weight quantization only (a float HF folder with "
                         "the dequantized weights); sweep activation and logit quantization with `diffquant sweep`")

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import math
 from typing import Callable, Iterable
 
 import torch
@@ -57,10 +56,6 @@ def _linear_like(module: nn.Module) -> bool:
 def default_filter(name: str, module: nn.Module) -> bool:
     """The Linear (or Conv1D) layers inside the blocks (their names have a numeric part: ``layers.0.mlp.up_proj``)."""
     return _linear_like(module) and _inside_block(name)
-
-
-def _in_features(module: nn.Module) -> int:
-    return module.weight.shape[0] if is_conv1d(module) else module.weight.shape[1]
 
 
 def conv1d_to_linear(conv: nn.Module) -> nn.Linear:
@@ -150,29 +145,12 @@ def _calib_batches(calib) -> list[torch.Tensor]:
     return batches
 
 
-def group_size_problem(group_size: int | None, widths) -> str | None:
-    """Why ``group_size`` cannot split the input ``widths`` (None when it can), naming the sizes that would."""
-    widths = sorted(set(widths))
-    bad = [w for w in widths if group_size is not None and w % group_size]
-    if not bad:
-        return None
-    common = math.gcd(*widths)
-    fits = [g for g in range(2, common + 1) if common % g == 0]
-    return (f"group size {group_size} does not divide the input width{'s' if len(bad) > 1 else ''} "
-            f"{', '.join(map(str, bad))} (widths: {', '.join(map(str, widths))}); sizes that divide every width: "
-            f"{', '.join(map(str, fits)) or 'none above 1'}, or no group size (one scale per output channel)")
-
-
 def _check_before_changes(model, config: QuantConfig, linears, embeddings, batches) -> None:
     """Every refusal happens here, before the model is touched, so an error never leaves it half quantized."""
     wq = config.weights
     if wq is not None:
         if not linears and not embeddings:
             raise ValueError("no nn.Linear module matches the filter: nothing to quantize")
-        widths = {name: _in_features(model.get_submodule(name)) if name in linears
-                  else model.get_submodule(name).weight.shape[1] for name in linears + embeddings}
-        if (problem := group_size_problem(wq.group_size, widths.values())) is not None:
-            raise ValueError(problem)
         wq.handler.check_model(wq, linears, embeddings, batches)
     if config.activations is not None and not linears:
         raise ValueError("no nn.Linear module matches the filter: no inputs to quantize")

@@ -101,8 +101,8 @@ class WeightQuant(_PlainFields):
         (needs calibration data), "bnb-int8" (LLM.int8 with outlier ``threshold``), "bnb-nf4", "bnb-fp4"
         (bitsandbytes; optional extra ``diffquant[bnb]``), "hadamard-rtn" (RTN of the Hadamard-rotated weight).
     bits: 2..8 for rtn/gptq (codes of ≤ 4 bits are packed two per byte); implied by the bnb methods.
-    group_size: None = one scale per output channel; else one per group of that many input columns (must
-        divide the input width; checked when applied).
+    group_size: None = one scale per output channel; else one per group of that many contiguous input columns
+        (where it does not divide the input width, the last group of each row is shorter).
     symmetric: absmax (codes ±(2**(bits-1)-1)) or asymmetric min/max with a zero point.
     grid: symmetric grid of rtn/gptq Linear weights: "absmax" (codes ±(2**(bits-1)-1), the contract) or "full"
         (GPTQ's: all 2**bits levels, scale 2·amax/(2**bits-1), zero point 2**(bits-1)); embeddings keep absmax.

@@ -33,8 +33,8 @@ from torch import nn
 from diffquant.attention import attention_impl, switchable
 from diffquant.dispatch import input_device, place_like, resident
 from diffquant.quant.linear import QuantLinear
-from diffquant.quant.numerics import PerAxis, code_range, quantize_tensor
-from diffquant.quant.rtn import check_grid, full_grid_params, rtn_codes, weight_granularity
+from diffquant.quant.numerics import PerAxis, code_range, n_groups, quantize_tensor
+from diffquant.quant.rtn import check_grid, full_grid_params, rtn_codes
 
 from ..progress import progress_bar
 
@@ -90,9 +90,8 @@ def gptq_codes(
     rows, cols = weight.shape
     if H.shape != (cols, cols):
         raise ValueError(f"Hessian of shape {tuple(H.shape)} does not fit a weight with {cols} inputs")
-    weight_granularity(group_size, cols)  # refuses a group size that does not divide the width
     gs = group_size or cols
-    n_groups = cols // gs
+    groups = n_groups(group_size, cols)  # the last one ragged where gs does not divide cols
     wdt = torch.float64 if weight.dtype == torch.float64 else torch.float32
     W = weight.detach().to(wdt).clone()
     H = H.detach().to(torch.float64).clone()
@@ -109,9 +108,9 @@ def gptq_codes(
     full = grid == "full"
     qmin, qmax = (0, 2**bits - 1) if full else code_range(bits, symmetric)
     codes = torch.zeros(rows, cols, dtype=wdt, device=W.device)  # permuted order, integer-valued
-    scale = torch.zeros(rows, n_groups, dtype=wdt, device=W.device)
-    zero = None if symmetric and not full else torch.zeros(rows, n_groups, dtype=wdt, device=W.device)
-    ready = [False] * n_groups
+    scale = torch.zeros(rows, groups, dtype=wdt, device=W.device)
+    zero = None if symmetric and not full else torch.zeros(rows, groups, dtype=wdt, device=W.device)
+    ready = [False] * groups
     for i1 in range(0, cols, block_size):
         i2 = min(i1 + block_size, cols)
         W1, U1 = W[:, i1:i2].clone(), U[i1:i2, i1:i2]
@@ -143,7 +142,7 @@ def _group_params(W, W1, i1, i2, members, bits, symmetric, full):
     vals[:, inside] = W1[:, members[inside] - i1]
     if full:
         return full_grid_params(vals, bits)
-    _, s, z, _ = quantize_tensor(vals, bits, PerAxis((0,)), symmetric)
+    _, s, z, *_ = quantize_tensor(vals, bits, PerAxis((0,)), symmetric)
     return s[:, 0], None if z is None else z[:, 0].to(vals.dtype)
 
 

@@ -5,7 +5,8 @@ Storage, the same in memory and on disk (the state dict *is* the packed checkpoi
 * ``qweight`` (uint8): the codes offset to be unsigned, ``u = code - qmin`` (qmin = -(2**(bits-1)-1) symmetric,
   0 asymmetric). Codes of ≤ 4 bits are packed two per byte (low nibble = even input column, high nibble = odd;
   an odd width is padded with one zero nibble); 5–8-bit codes take one byte each.
-* ``scale`` (float): ``[out, n_groups]``, n_groups = 1 per output channel or ``in / group_size``.
+* ``scale`` (float): ``[out, n_groups]``, n_groups = 1 per output channel or ``ceil(in / group_size)`` (groups
+  of ``group_size`` contiguous input columns, the last one shorter where the size does not divide the width).
 * ``zero`` (uint8, asymmetric only): integer zero points with the scale's shape.
 
 Weight = ``(code - zero) * scale``, computed once and cached (the cache follows device and dtype changes and is
@@ -20,7 +21,7 @@ from torch import nn
 
 from diffquant.quant.act import quantize_activation
 from diffquant.quant.config import ActQuant
-from diffquant.quant.numerics import code_range, dequantize
+from diffquant.quant.numerics import code_range, dequantize, n_groups
 
 __all__ = ["QuantEmbedding", "QuantLinear", "pack_codes", "storage_kind", "unpack_codes"]
 
@@ -56,14 +57,12 @@ class _PackedWeight(nn.Module):
     """Buffers and cached dequantization shared by QuantLinear and QuantEmbedding (rows x cols codes)."""
 
     def _init_buffers(self, rows: int, cols: int, bits: int, group_size: int | None, symmetric: bool) -> None:
-        if group_size is not None and cols % group_size:
-            raise ValueError(f"group_size {group_size} does not divide the input width {cols}")
         self.bits, self.group_size, self.symmetric, self.cols = bits, group_size, symmetric, cols
-        n_groups = 1 if group_size is None else cols // group_size
+        groups = n_groups(group_size, cols)
         packed_cols = (cols + 1) // 2 if bits <= 4 else cols
         self.register_buffer("qweight", torch.zeros(rows, packed_cols, dtype=torch.uint8))
-        self.register_buffer("scale", torch.zeros(rows, n_groups))
-        self.register_buffer("zero", None if symmetric else torch.zeros(rows, n_groups, dtype=torch.uint8))
+        self.register_buffer("scale", torch.zeros(rows, groups))
+        self.register_buffer("zero", None if symmetric else torch.zeros(rows, groups, dtype=torch.uint8))
         self._cache: torch.Tensor | None = None
         self._cache_key: tuple | None = None
 
@@ -89,7 +88,8 @@ class _PackedWeight(nn.Module):
         key = (self.qweight.device, self.scale.dtype, dtype)
         if self._cache is None or self._cache_key != key:
             with torch.no_grad():
-                self._cache = dequantize(self.codes(), self.scale, self.zero, dtype or self.scale.dtype)
+                self._cache = dequantize(self.codes(), self.scale, self.zero, dtype or self.scale.dtype,
+                                         self.group_size)
             self._cache_key = key
         return self._cache
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 
 __all__ = [
     "FLOAT_FORMATS",
@@ -40,6 +41,7 @@ __all__ = [
     "dequantize",
     "fake_quantize",
     "fake_quantize_float",
+    "n_groups",
     "quantize_tensor",
     "sqnr",
 ]
@@ -74,8 +76,10 @@ class PerAxis:
 class PerGroup:
     """One scale per group of ``group_size`` contiguous elements along the last dim (per row-group).
 
-    Scales (and zero points) have shape ``x.shape[:-1] + (x.shape[-1] // group_size,)``, the usual
-    [rows, n_groups] layout; :func:`dequantize` expands them back over the groups.
+    A width that ``group_size`` does not divide ends in one shorter (ragged) group, as in GPTQ's reference code
+    (its groups are column slices ``W[:, i:i + groupsize]``). Scales (and zero points) have shape
+    ``x.shape[:-1] + (ceil(x.shape[-1] / group_size),)``, the usual [rows, n_groups] layout; :func:`dequantize`
+    expands them back over the groups.
     """
 
     group_size: int
@@ -87,6 +91,11 @@ class PerGroup:
 
 
 Granularity = PerTensor | PerAxis | PerGroup
+
+
+def n_groups(group_size: int | None, width: int) -> int:
+    """Scales per row of ``width`` columns: 1 (None: per row), else ``ceil(width / group_size)`` (last one ragged)."""
+    return 1 if group_size is None else -(-width // group_size)
 
 
 def as_granularity(spec: Granularity | str) -> Granularity:
@@ -171,13 +180,20 @@ def _working_view(
     if isinstance(gran, PerAxis):
         return xw, mask, _reduce_dims(gran.axes, x.ndim)
     g = gran.group_size
-    if x.ndim == 0 or x.shape[-1] % g:
-        last = x.shape[-1] if x.ndim else "none (0-d tensor)"
-        raise ValueError(f"group_size {g} does not divide the last dim ({last})")
-    grouped = (*x.shape[:-1], x.shape[-1] // g, g)
+    if x.ndim == 0:
+        raise ValueError(f"group_size {g} needs a last dim to group (got a 0-d tensor)")
+    # A ragged last group is padded with zeros that count for nothing: every range contains 0 (absmax >= 0, the
+    # asymmetric range is widened to contain 0), so they change no scale; the caller drops them afterwards.
+    pad = -x.shape[-1] % g
+    grouped = (*x.shape[:-1], (x.shape[-1] + pad) // g, g)
     if mask is not None:
-        mask = mask.expand(x.shape).reshape(grouped)
-    return xw.reshape(grouped), mask, (x.ndim,)
+        mask = F.pad(mask.expand(x.shape), (0, pad), value=False).reshape(grouped)
+    return F.pad(xw, (0, pad)).reshape(grouped), mask, (x.ndim,)
+
+
+def _ungrouped(t: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """A grouped working tensor [..., n_groups, g] back to ``shape``, without a ragged group's padding."""
+    return t.flatten(-2)[..., :shape[-1]].reshape(shape) if t.ndim > len(shape) else t.reshape(shape)
 
 
 def _reduce_dims(axes: tuple[int, ...], ndim: int) -> tuple[int, ...]:
@@ -249,12 +265,15 @@ class QTensor(NamedTuple):
     scale: compute dtype; broadcastable to x (PerGroup: ``[..., n_groups]``, expanded by dequantize).
     zero:  None (symmetric) or integer zero points with the scale's shape and the codes' dtype.
     dtype: the dtype of the quantized input.
+    group_size: PerGroup's group size (None otherwise): with a ragged last group the scale's shape alone
+        cannot tell it.
     """
 
     codes: torch.Tensor
     scale: torch.Tensor
     zero: torch.Tensor | None
     dtype: torch.dtype
+    group_size: int | None = None
 
 
 def quantize_tensor(
@@ -275,10 +294,11 @@ def quantize_tensor(
     xw, mw, dims = _working_view(x, gran, mask)
     scale, zero = _qparams(xw, dims, mw, bits, symmetric)
     cdt = _code_dtype(bits, symmetric)
-    codes = _float_codes(xw, scale, zero, bits, symmetric).to(cdt).reshape(x.shape)
-    if isinstance(gran, PerGroup):  # [..., n_groups, 1] -> [..., n_groups]
+    codes = _ungrouped(_float_codes(xw, scale, zero, bits, symmetric).to(cdt), x.shape)
+    group_size = gran.group_size if isinstance(gran, PerGroup) else None
+    if group_size is not None:  # [..., n_groups, 1] -> [..., n_groups]
         scale, zero = scale.squeeze(-1), None if zero is None else zero.squeeze(-1)
-    return QTensor(codes, scale, None if zero is None else zero.to(cdt), x.dtype)
+    return QTensor(codes, scale, None if zero is None else zero.to(cdt), x.dtype, group_size)
 
 
 def dequantize(
@@ -286,23 +306,27 @@ def dequantize(
     scale: torch.Tensor,
     zero: torch.Tensor | None = None,
     dtype: torch.dtype | None = None,
+    group_size: int | None = None,
 ) -> torch.Tensor:
     """``(codes - zero) * scale`` in the scale's dtype, cast to ``dtype`` (default: the scale's dtype).
 
-    A scale whose last dim is neither 1 nor codes' last dim is a per-group scale ``[..., n_groups]``.
+    A scale whose last dim is neither 1 nor codes' last dim is a per-group scale ``[..., n_groups]``, groups of
+    ``group_size`` columns (the last one ragged), or, without ``group_size``, of ``d / n_groups`` columns.
     """
     cd = scale.dtype
     q = codes.to(cd)
     if codes.ndim > 0 and scale.ndim == codes.ndim and scale.shape[-1] not in (1, codes.shape[-1]):
         n, d = scale.shape[-1], codes.shape[-1]
-        if d % n:
-            raise ValueError(f"scale's last dim {n} neither broadcasts to nor divides codes' last dim {d}")
-        q = q.reshape(*codes.shape[:-1], n, d // n)  # (..., n_groups, g)
-        scale, zero = scale.unsqueeze(-1), None if zero is None else zero.unsqueeze(-1)
+        g = group_size or d // n
+        if group_size is None and d % n or -(-d // g) != n:
+            raise ValueError(f"scale's last dim {n} is not the number of groups of {g} columns in codes' last dim "
+                             f"{d}" if group_size else
+                             f"scale's last dim {n} neither broadcasts to nor divides codes' last dim {d}")
+        scale = scale.repeat_interleave(g, dim=-1)[..., :d]
+        zero = None if zero is None else zero.repeat_interleave(g, dim=-1)[..., :d]
     if zero is not None:
         q = q - zero.to(cd)
-    out = (q * scale).reshape(codes.shape)
-    return out.to(dtype or cd)
+    return (q * scale).to(dtype or cd)
 
 
 def fake_quantize(
@@ -325,7 +349,7 @@ def fake_quantize(
     q = _float_codes(xw, scale, zero, bits, symmetric)
     if zero is not None:
         q.sub_(zero)
-    return q.mul_(scale).reshape(x.shape).to(x.dtype)
+    return _ungrouped(q.mul_(scale), x.shape).to(x.dtype)
 
 
 # ----------------------------------------------------------------------------- float formats
@@ -363,7 +387,7 @@ def fake_quantize_float(
     fmax = torch.finfo(fdt).max
     scale = _amax(xw, dims, mw) / fmax
     y = (xw / _divisor(scale)).clamp_(-fmax, fmax).to(fdt).to(xw.dtype)
-    return y.mul_(scale).reshape(x.shape).to(x.dtype)
+    return _ungrouped(y.mul_(scale), x.shape).to(x.dtype)
 
 
 # ----------------------------------------------------------------------------- error metric

@@ -1,4 +1,5 @@
-"""Round-to-nearest weight quantization, per output channel or per group of input columns.
+"""Round-to-nearest weight quantization, per output channel or per group of input columns (a width the group
+size does not divide ends in one shorter group).
 
 Two symmetric grids (``grid``):
 
@@ -12,6 +13,7 @@ Two symmetric grids (``grid``):
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from diffquant.quant.numerics import PerAxis, PerGroup, quantize_tensor
 
@@ -20,13 +22,10 @@ __all__ = ["GRIDS", "full_grid_params", "rtn_codes", "weight_granularity"]
 GRIDS = ("absmax", "full")
 
 
-def weight_granularity(group_size: int | None, in_features: int) -> PerAxis | PerGroup:
+def weight_granularity(group_size: int | None) -> PerAxis | PerGroup:
     """Per output channel (rows of [out, in]) or per group of ``group_size`` contiguous input columns."""
-    if group_size is None:
-        return PerAxis((0,))
-    if in_features % group_size:
-        raise ValueError(f"group_size {group_size} does not divide the input width {in_features}")
-    return PerGroup(group_size)
+    return PerAxis((0,)) if group_size is None else PerGroup(group_size)
+
 
 
 def check_grid(grid: str, symmetric: bool) -> None:
@@ -49,15 +48,16 @@ def rtn_codes(
     if weight.ndim != 2:
         raise ValueError(f"weight must be 2-d [out, in], got shape {tuple(weight.shape)}")
     check_grid(grid, symmetric)
-    gran = weight_granularity(group_size, weight.shape[1])
+    gran = weight_granularity(group_size)
     if grid == "full":
         rows, cols = weight.shape
         gs = group_size or cols
         w = weight.detach().to(torch.float64 if weight.dtype == torch.float64 else torch.float32)
-        groups = w.reshape(rows * (cols // gs), gs)  # (rows·n_groups, gs)
+        pad = -cols % gs  # a ragged last group: zeros change no amax
+        groups = F.pad(w, (0, pad)).reshape(rows * ((cols + pad) // gs), gs)  # (rows·n_groups, gs)
         s, z = full_grid_params(groups, bits)
         q = torch.round(groups / torch.where(s > 0, s, torch.inf)[:, None]) + z[:, None]
-        codes = q.clamp_(0, 2**bits - 1).reshape(rows, cols).to(torch.int16)
+        codes = q.clamp_(0, 2**bits - 1).reshape(rows, cols + pad)[:, :cols].to(torch.int16)
         return codes, s.reshape(rows, -1), z.reshape(rows, -1).to(torch.int16)
-    codes, scale, zero, _ = quantize_tensor(weight.detach(), bits, gran, symmetric)
+    codes, scale, zero, *_ = quantize_tensor(weight.detach(), bits, gran, symmetric)
     return codes, scale.reshape(weight.shape[0], -1), None if zero is None else zero.reshape(weight.shape[0], -1)

@@ -81,8 +81,17 @@ def test_dead_columns_get_zero_weight_and_the_result_stays_finite():
 def test_bad_shapes_and_group_sizes_are_refused():
     with pytest.raises(ValueError, match="does not fit"):
         gptq_codes(torch.randn(4, 8), torch.eye(6), 4)
-    with pytest.raises(ValueError, match="does not divide"):
-        gptq_codes(torch.randn(4, 8), torch.eye(8), 4, group_size=3)
+
+
+
+@pytest.mark.parametrize("grid", ["absmax", "full"])
+def test_ragged_groups_with_an_identity_hessian_are_rtn(grid):
+    """No error feedback through a diagonal Hessian: GPTQ's codes and scales are RTN's, ragged group included."""
+    w = torch.randn(5, 11, dtype=torch.float64)  # groups of 4: 4 + 4 + 3
+    codes, scale, zero = gptq_codes(w, torch.eye(11, dtype=torch.float64), 4, group_size=4, grid=grid)
+    r_codes, r_scale, r_zero = rtn_codes(w, 4, 4, grid=grid)
+    assert scale.shape == (5, 3) and torch.equal(codes, r_codes) and torch.equal(scale, r_scale)
+    assert (zero is None and r_zero is None) or torch.equal(zero, r_zero)
 
 
 def stage_names(model):

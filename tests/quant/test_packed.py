@@ -15,6 +15,9 @@ from tests.helpers import randomize_
 
 CONFIGS = {
     "rtn4-g16": QuantConfig(weights=WeightQuant("rtn", bits=4, group_size=16)),
+    "rtn4-g24-ragged": QuantConfig(weights=WeightQuant("rtn", bits=4, group_size=24)),  # widths 32, 64: 24+8, 24+24+16
+    "gptq3-g24-ragged-asym": QuantConfig(weights=WeightQuant("gptq", bits=3, group_size=24, symmetric=False)),
+    "hadamard-g24-ragged": QuantConfig(weights=WeightQuant("hadamard-rtn", bits=4, group_size=24)),
     "gptq6-asym-act": QuantConfig(weights=WeightQuant("gptq", bits=6, symmetric=False, act_order=True),
                                   activations=ActQuant(8, "token")),
     "rtn3-embeddings": QuantConfig(weights=WeightQuant("rtn", bits=3, group_size=8, embeddings=True),

@@ -42,6 +42,23 @@ def test_gptq_with_logits_writes_a_loadable_packed_checkpoint(ckpt, tmp_path, ca
     assert torch.isfinite(model(torch.randint(0, 8192, (1, 9)))).all()
 
 
+def test_a_group_size_that_does_not_divide_a_width_ends_in_a_shorter_group(ckpt, tmp_path, capsys):
+    """Widths 32 and 64, groups of 24: 24 + 8 and 24 + 24 + 16 columns, stored and loaded back exactly."""
+    from diffquant import load_checkpoint
+    from diffquant.quant import QuantConfig, WeightQuant, quantize
+
+    code, _, err = run_cli(["quantize", str(ckpt), "--weights", "rtn", "--bits", "4", "--group-size", "24",
+                            "--dtype", "float32", "--out", str(tmp_path / "q")], capsys)
+    assert code == 0, err
+    loaded = load_quantized(tmp_path / "q")
+    expected = quantize(load_checkpoint(ckpt), QuantConfig(weights=WeightQuant("rtn", bits=4, group_size=24)))
+    down = loaded.layers[0].mlp.down_proj
+    assert down.group_size == 24 and down.scale.shape == (32, 3)
+    ids = torch.randint(0, 8192, (2, 20))
+    with torch.no_grad():
+        assert torch.equal(loaded(ids), expected(ids))
+
+
 def test_rtn_int4_with_embeddings_is_a_fraction_of_fp16(ckpt, tmp_path, capsys):
     code, stdout, _ = run_cli(["quantize", str(ckpt), "--weights", "rtn", "--bits", "4", "--group-size", "32",
                                "--embeddings", "--out", str(tmp_path / "q")], capsys)
@@ -50,7 +67,7 @@ def test_rtn_int4_with_embeddings_is_a_fraction_of_fp16(ckpt, tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, words", [
     (["--weights", "rtn", "--bits", "17"], "2..8"),
-    (["--weights", "rtn", "--bits", "4", "--group-size", "24"], "does not divide"),
+    (["--weights", "rtn", "--bits", "4", "--group-size", "0"], "--group-size: must be"),
     (["--act-bits", "1"], "--act-bits: bits must be an integer in 2..16"),
     (["--logit-bits", "17"], "--logit-bits: bits must be an integer in 2..16"),
     ([], "nothing to quantize"),

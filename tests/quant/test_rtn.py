@@ -69,6 +69,49 @@ def test_rtn_per_group_matches_a_loop_reference():
             assert torch.equal(codes[r, 8 * g:8 * g + 8].double(), torch.clamp(torch.round(chunk / s), -7, 7))
 
 
+def ragged_rtn_reference(w: torch.Tensor, bits: int, g: int, symmetric: bool, grid: str = "absmax"):
+    """RTN by explicit loops over groups of g columns, the last one shorter: (codes, scales, zeros, weight)."""
+    rows, cols = w.shape
+    starts = range(0, cols, g)
+    codes, w_hat = torch.zeros(rows, cols, dtype=torch.float64), torch.zeros(rows, cols, dtype=torch.float64)
+    scales, zeros = torch.zeros(rows, len(starts), dtype=torch.float64), torch.zeros(rows, len(starts))
+    for r in range(rows):
+        for k, c0 in enumerate(starts):
+            chunk = w[r, c0:c0 + g]
+            if grid == "full":  # all 2**bits levels around zero point 2**(bits-1)
+                s, z, lo, hi = 2 * chunk.abs().max() / (2**bits - 1), 2 ** (bits - 1), 0, 2**bits - 1
+            elif symmetric:
+                s, z, lo, hi = chunk.abs().max() / (2 ** (bits - 1) - 1), 0, -(2 ** (bits - 1) - 1), 2 ** (bits - 1) - 1
+            else:
+                mn, mx = min(chunk.min().item(), 0.0), max(chunk.max().item(), 0.0)
+                s = torch.tensor((mx - mn) / (2**bits - 1), dtype=torch.float64)
+                z, lo, hi = min(max(round(-mn / s.item()), 0), 2**bits - 1), 0, 2**bits - 1
+            q = torch.clamp(torch.round(chunk / s) + z, lo, hi)
+            codes[r, c0:c0 + g], scales[r, k], zeros[r, k] = q, s, z
+            w_hat[r, c0:c0 + g] = (q - z) * s
+    return codes, scales, zeros, w_hat
+
+
+@pytest.mark.parametrize("bits, g, symmetric, grid", [(4, 24, True, "absmax"), (3, 7, False, "absmax"),
+                                                      (4, 24, True, "full"), (8, 100, True, "absmax")])
+def test_ragged_last_group_matches_a_float64_loop_reference(bits, g, symmetric, grid):
+    torch.manual_seed(bits + g)
+    w = torch.randn(6, 58, dtype=torch.float64) * torch.rand(6, 1, dtype=torch.float64) * 3  # 58 = 2·24 + 10
+    codes, scale, zero = rtn_codes(w, bits, g, symmetric, grid)
+    ref_codes, ref_scale, ref_zero, ref_w = ragged_rtn_reference(w, bits, g, symmetric, grid)
+    assert scale.shape == (6, -(-58 // g)) and torch.equal(scale, ref_scale)
+    assert torch.equal(codes.double(), ref_codes)
+    assert (zero is None) == (symmetric and grid == "absmax")
+    if zero is not None:
+        assert torch.equal(zero.double(), ref_zero.double())
+    layer = QuantLinear(58, 6, bits, g, symmetric=zero is None)
+    layer.set_codes(codes, scale, zero)
+    assert torch.equal(layer.codes(), codes.to(torch.int16))
+    assert torch.equal(layer.dequantized_weight(torch.float64), ref_w)  # unpacked exactly, groups expanded right
+    if grid == "absmax":
+        assert torch.equal(fake_quantize(w, bits, PerGroup(g), symmetric), ref_w)
+
+
 def test_quant_linear_forward_and_the_float_layer_untouched():
     linear = nn.Linear(32, 12, bias=True)
     before = copy.deepcopy(linear.state_dict())

@@ -194,9 +194,9 @@ CASES = {
         ["report", "{records}"], "tokens a positive integer"),
     # -- 6. tracebacks before: one line now ------------------------------------------------------------------
     "info/packed-group-size-0": (packed_with(lambda q: h2.quant_json_edit(q, MOD, group_size=0)), ["info", "{q}"],
-                                 "group_size must be null or a positive divisor"),
+                                 "group_size must be null or a positive integer"),
     "info/packed-group-size-negative": (packed_with(lambda q: h2.quant_json_edit(q, MOD, group_size=-32)),
-                                        ["info", "{q}"], "group_size must be null or a positive divisor"),
+                                        ["info", "{q}"], "group_size must be null or a positive integer"),
     "info/packed-in-features-1e9": (packed_with(lambda q: h2.quant_json_edit(q, MOD, in_features=10**9)),
                                     ["info", "{q}"], "in_features must be 32"),
     "info/packed-bits-string": (packed_with(lambda q: h2.quant_json_edit(q, MOD, bits="4")), ["info", "{q}"],
