@@ -71,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(exc.code or 0)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("diffquant.eta").setLevel(logging.INFO)  # the expected time of long work, always shown
     if args.command is None:
         parser.print_help()
         return 0

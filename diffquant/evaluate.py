@@ -40,6 +40,7 @@ import torch.nn.functional as F
 
 from . import distributed
 from .dispatch import input_device
+from .eta import FirstBatchEstimate
 from .io import finite_or_none
 from .probes import real_lengths
 from .progress import progress_bar
@@ -109,14 +110,17 @@ def score_requests(model, requests: Sequence[Request], batch_size: int = 8, max_
     progress = progress and distributed.is_main()
 
     def score_mine() -> dict[int, dict]:
-        mine = {}
+        mine, my_batches = {}, [batches[j] for j in distributed.strided(len(batches))]
+        estimate = FirstBatchEstimate(desc, sum(len(inputs[i]) for rows in my_batches for i in rows),
+                                      enabled=progress)
         with _eval_mode(model), progress_bar(total=len(order), desc=desc, disable=not progress, leave=False) as bar:
-            for j in distributed.strided(len(batches)):
-                rows = batches[j]
-                with real_lengths([len(inputs[i]) for i in rows]):
+            for rows in my_batches:
+                lengths = [len(inputs[i]) for i in rows]
+                with real_lengths(lengths):
                     logits = _logits(model, _pad([inputs[i] for i in rows], device))
                 for r, i in enumerate(rows):
                     mine[i] = _continuation_score(logits[r], len(inputs[i]), pieces[i][1])
+                estimate.batch_done(sum(lengths))
                 bar.update(len(rows) * distributed.world_size())
         return mine
 

@@ -30,6 +30,7 @@ from torch import nn
 from . import distributed
 from .attention import attention_impl
 from .dispatch import input_device
+from .eta import FirstBatchEstimate
 from .io import atomic_write_text
 from .kinds import ATTENTION_KINDS, ATTN_K, ATTN_LOGITS, ATTN_Q, CAUSAL_KINDS, HIDDEN, TOKEN_KINDS
 from .probes import Probe, ProbeCall, hooked, probes
@@ -259,10 +260,14 @@ def _profile(model, batches, sites, topk, protocol, exact_median, chunk, n_locat
 
     def local_pass():
         eager = not kernel or bool(set(CAUSAL_KINDS) & set(sites) - {ATTN_LOGITS})  # the kernel needs no logits
+        what = f"profile {label or ''}".strip()
+        estimate = FirstBatchEstimate(what, sum(ids.numel() for ids in mine), sync=_synchronizer(model),
+                                      enabled=progress)
         with _eager_attention(model, chunk, eager), torch.no_grad(), hooked(model, prof.hook,
                                                                              kinds=prof.hook_kinds(sites)):
-            for ids in progress_bar(mine, desc=f"profile {label or ''}".strip(), disable=not progress, mininterval=2):
+            for ids in progress_bar(mine, desc=what, disable=not progress, mininterval=2):
                 prof.run_batch(model, ids)
+                estimate.batch_done(ids.numel())
         prof.finish()
         return None if distributed.is_main() else _shard_state(prof)
 
@@ -271,6 +276,12 @@ def _profile(model, batches, sites, topk, protocol, exact_median, chunk, n_locat
     if exact_median and distributed.on_main(lambda: any(e.stats.needs_exact_pass for e in prof.logs.values())):
         _exact_pass(model, mine, prof, pooled, chunk, progress)
     return OutlierReport(distributed.on_main(lambda: _assemble(model, prof, pooled, n_locations, label)))
+
+
+def _synchronizer(model: nn.Module):
+    """What waits for the model's queued device work (None on the CPU, which runs synchronously)."""
+    device = _device_of(model)
+    return (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
 
 
 def _shard_state(prof: _Profiler) -> dict:

@@ -24,7 +24,8 @@ class _OneLinePerRedraw:
         text = text.replace("\r", "\n")
         while "\n\n" in text:
             text = text.replace("\n\n", "\n")
-        return self.stream.write(text)
+        text = text.lstrip("\n")  # each redraw ends its own line, so a log record never continues a bar's
+        return self.stream.write(text if not text or text.endswith("\n") else text + "\n")
 
     def flush(self) -> None:
         self.stream.flush()
@@ -54,3 +55,8 @@ class progress_bar(tqdm):  # noqa: N801 - used exactly like tqdm
 
     def set_postfix_str(self, s="", refresh=True):
         super().set_postfix_str(s, refresh=refresh and self._terminal)
+
+
+def above_bars():
+    """A context in which a line written to stderr (a log record) lands above the terminal's bars, not inside one."""
+    return tqdm.external_write_mode(file=sys.stderr)

@@ -261,12 +261,13 @@ def run_sweep(checkpoints: Sequence[str | os.PathLike], out: str | os.PathLike, 
     settings["tokenizer"] = tokenizer
     counts = {"written": 0, "nonfinite": 0}
     progress = progress and distributed.is_main()
-    with _records_file(out) as fh, progress_bar(total=total, desc="sweep", disable=not progress) as bar:
+    with _records_file(out) as fh:
         todo = distributed.on_main(lambda: _read_plan(out, checkpoints, scheme, bits, resolved, settings))
-        bar.update(total - sum(len(c.cells) for c in todo))
-        for ckpt in todo:
-            if ckpt.cells:
-                _sweep_checkpoint(ckpt, scheme, data, settings, calib_data, fh, bar, progress, counts)
+        done = total - sum(len(c.cells) for c in todo)  # as initial, not an update: the ETA counts cells scored now
+        with progress_bar(total=total, initial=done, desc="sweep", unit="cell", disable=not progress) as bar:
+            for ckpt in todo:
+                if ckpt.cells:
+                    _sweep_checkpoint(ckpt, scheme, data, settings, calib_data, fh, bar, progress, counts)
     log.info("%s: %d records written, %d already there", out, counts["written"], total - counts["written"])
     return {"out": str(out), **counts, "skipped": total - counts["written"]}
 

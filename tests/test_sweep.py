@@ -275,7 +275,7 @@ def test_cli_sweep_prints_the_table_and_a_summary(setup, tmp_path, capsys):
     ({"--group-size": "16"}, "--group-size applies to weight targets only"),
     ({"--target": "hidden", "--granularity": "head"}, "granularity 'head' applies to attention probes only"),
     ({"--granularity": "block"}, "unknown activation granularity 'block'"),
-    ({"--limit": "0"}, "--limit: must be an integer in 1.."),
+    ({"--limit": "0"}, "--limit: must be a positive integer or all"),
     ({"checkpoint": "missing"}, "does not exist"),
 ])
 def test_cli_bad_input_is_one_line_and_exit_2(setup, tmp_path, capsys, change, message):
