@@ -2,7 +2,8 @@
 
 The folder is the float HF conversion of :mod:`diffquant.hf` (Llama or DiffLlama, same config, tokenizer and
 row permutations) in which each quantized block Linear stores, instead of ``weight``, what compressed-tensors'
-``pack-quantized`` compressor writes (compressed_tensors/compressors/pack_quantized):
+``pack-quantized`` compressor writes, and is written by that compressor itself
+(``PackedQuantizationCompressor.compress``, from the ``compressed-tensors`` package of extra ``[export]``):
 
 * ``weight_packed`` int32 [out, ceil(in·bits/32)]: signed codes q in [-2**(b-1), 2**(b-1)-1] offset by
   2**(b-1) and packed densely, element i at bits i·b … i·b+b-1 of a little-endian bit stream (32 elements per
@@ -12,7 +13,10 @@ row permutations) in which each quantized block Linear stores, instead of ``weig
 * ``weight_shape`` int64 [2]. The runtime computes ``W = q · scale`` (strategy "channel" or "group").
 
 Our codes are written as they are (``q = code`` for absmax codes, ``q = code - 2**(b-1)`` for GPTQ's "full"
-grid, whose zero point is that constant): nothing is re-rounded, and scales keep their stored dtype.
+grid, whose zero point is that constant): nothing is re-rounded, and scales keep their stored dtype. The
+compressor quantizes a float weight with the scales it is given (``round(w / s)``, clamped) before it packs; it is
+handed our integer codes with unit scales, so what it packs is ``q`` itself, exactly, whatever our scales are
+(a zero scale, which an all-zero group gets, would make its ``w / s`` NaN), and our scales are stored beside.
 Asymmetric weights are refused: compressed-tensors 0.20 packs their zero points along the rows, but
 transformers 5.24 then expects them unpacked (a size mismatch at load).
 ``quantization_config`` in config.json names the scheme per bit width / group size (one config group each).
@@ -30,7 +34,6 @@ import math
 import shutil
 from pathlib import Path
 
-import numpy as np
 import torch
 from safetensors.torch import load_file
 
@@ -42,7 +45,7 @@ from .model import LM
 
 log = logging.getLogger(__name__)
 
-__all__ = ["FORMAT", "pack_int32", "quantization_config", "save_compressed"]
+__all__ = ["FORMAT", "pack_with_compressed_tensors", "quantization_config", "save_compressed"]
 
 FORMAT = "pack-quantized"
 DENSE_KEY = "diffquant_dense"  # safetensors metadata: the quantized Linears written dense (Diff's o_proj)
@@ -58,15 +61,19 @@ def hf_linear_name(ours: str) -> str:
     return f"model.layers.{index}.{_HF_LINEAR[rest]}"
 
 
-def pack_int32(q: np.ndarray, bits: int) -> np.ndarray:
-    """compressed-tensors' ``pack_to_int32`` (packed_dim=1) of signed codes q [rows, cols]."""
-    rows, cols = q.shape
-    u = (q.astype(np.int64) + (1 << (bits - 1))).astype(np.uint32)
-    padded = -(-cols // 32) * 32
-    u = np.pad(u, ((0, 0), (0, padded - cols)))
-    stream = ((u[..., None] >> np.arange(bits, dtype=np.uint32)) & 1).astype(np.uint8)  # (rows, padded, bits)
-    words = np.packbits(stream.reshape(rows, padded * bits), axis=1, bitorder="little").view("<i4")
-    return np.ascontiguousarray(words[:, :math.ceil(cols * bits / 32)])
+def pack_with_compressed_tensors(q: torch.Tensor, args: dict) -> torch.Tensor:
+    """``weight_packed`` of signed codes q [rows, cols] (weights ``args``), by compressed-tensors' own compressor
+    (unit scales: it packs ``round(q / 1) = q``; see the module docstring)."""
+    try:
+        from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
+        from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+    except ImportError:
+        raise CheckpointError("writing compressed-tensors folders needs the compressed-tensors package: "
+                              "pip install 'diffquant[export]'") from None
+    scheme = QuantizationScheme(targets=["Linear"], weights=QuantizationArgs(**args))
+    groups = 1 if args["group_size"] is None else q.shape[1] // args["group_size"]
+    unit = torch.ones(q.shape[0], groups, dtype=torch.float32)
+    return PackedQuantizationCompressor.compress({"weight": q.float(), "weight_scale": unit}, scheme)["weight_packed"]
 
 
 def _module_tensors(w: IntWeight, order: torch.Tensor | None, dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -74,7 +81,7 @@ def _module_tensors(w: IntWeight, order: torch.Tensor | None, dtype: torch.dtype
     q, scale = w.signed(), w.scale  # code - zero: the signed integer compressed-tensors stores
     if order is not None:
         q, scale = q[order], scale[order]
-    return {"weight_packed": torch.from_numpy(pack_int32(q.numpy(), w.bits)),
+    return {"weight_packed": pack_with_compressed_tensors(q, _args(w)).contiguous(),
             "weight_scale": scale.to(dtype).contiguous(), "weight_shape": torch.tensor(tuple(w.codes.shape))}
 
 

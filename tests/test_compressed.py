@@ -1,11 +1,13 @@
-"""compressed-tensors export: our RTN / GPTQ codes in the pack-quantized layout, loaded by transformers.
+"""compressed-tensors export: our RTN / GPTQ codes in the pack-quantized layout, written by compressed-tensors'
+own compressor, loaded by its decompressor and by transformers.
 
-The packing is checked against an independent bit-by-bit reference (and compressed-tensors' own unpacker when
-installed); the folder is decoded from the format description alone and must give our codes exactly; and,
-with the ``compressed-tensors`` package installed, transformers loads it and computes our logits.
+The folder is decoded from the format description alone (an independent bit-by-bit reference) and must give our
+codes exactly; compressed-tensors' decompressor must give our dequantized weights exactly; transformers loads it
+and computes our logits.
 """
 
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -16,7 +18,7 @@ from diffquant import build_model
 from diffquant.checkpoint import CheckpointError, load_checkpoint, save_quantized
 from diffquant.checkpoint.hf import _row_maps
 from diffquant.cli import main
-from diffquant.compressed import hf_linear_name, pack_int32, save_compressed
+from diffquant.compressed import hf_linear_name, pack_with_compressed_tensors, save_compressed
 from diffquant.exports import block_int_weights, dequantized_copy
 from diffquant.quant import ActQuant, QuantConfig, WeightQuant
 from diffquant.quant.api import quantize
@@ -50,23 +52,21 @@ def _reference_unpack(words: np.ndarray, bits: int, cols: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("bits", [2, 3, 4, 5, 6, 7, 8])
-def test_packing_matches_a_bitwise_reference(bits):
+def test_the_compressor_packs_our_codes_as_the_bitwise_reference_reads_them(bits):
     rng = np.random.default_rng(bits)
     cols = 45  # not a multiple of 32: the last words are partly padding
-    q = rng.integers(-(1 << (bits - 1)), 1 << (bits - 1), size=(3, cols))
-    words = pack_int32(q, bits)
-    assert words.dtype == np.int32 and words.shape == (3, -(-cols * bits // 32))
-    assert np.array_equal(_reference_unpack(words, bits, cols), q)
+    q = torch.from_numpy(rng.integers(-(1 << (bits - 1)), 1 << (bits - 1), size=(3, cols)))
+    words = pack_with_compressed_tensors(q, {"num_bits": bits, "type": "int", "symmetric": True,
+                                             "group_size": None, "strategy": "channel"})
+    assert words.dtype == torch.int32 and words.shape == (3, -(-cols * bits // 32))
+    assert np.array_equal(_reference_unpack(words.numpy(), bits, cols), q.numpy())
 
 
-@pytest.mark.parametrize("bits", [2, 3, 4, 8])
-def test_packing_matches_compressed_tensors(bits):
-    helpers = pytest.importorskip("compressed_tensors.compressors.pack_quantized.helpers")
-    rng = np.random.default_rng(10 + bits)
-    q = torch.from_numpy(rng.integers(-(1 << (bits - 1)), 1 << (bits - 1), size=(5, 70))).to(torch.int8)
-    ours = torch.from_numpy(pack_int32(q.numpy(), bits))
-    assert torch.equal(ours, helpers.pack_to_int32(q, bits))
-    assert torch.equal(helpers.unpack_from_int32(ours, bits, torch.Size(q.shape)).to(torch.int8), q)
+def test_without_compressed_tensors_the_export_is_refused_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "compressed_tensors.compressors.pack_quantized.base", None)  # import fails
+    with pytest.raises(CheckpointError, match=r"pip install 'diffquant\[export\]'") as info:
+        save_compressed(_quantized("transformer", "rtn", 4, 16, True, "absmax"), tmp_path / "ct")
+    assert "\n" not in str(info.value) and not (tmp_path / "ct").exists()
 
 
 def _quantized(arch, method, bits, group, symmetric, grid, **cfg):
@@ -102,6 +102,32 @@ def test_folder_holds_our_codes_exactly(arch, method, bits, group, symmetric, gr
         assert schemes[hf]["num_bits"] == bits and schemes[hf]["group_size"] == group
         assert torch.equal(_decode(tmp_path / "ct", hf, schemes[hf]), w.signed()[order].long())
         assert torch.equal(tensors[f"{hf}.weight_scale"], w.scale[order])
+
+
+@pytest.mark.parametrize("method, bits, group, symmetric, grid", SCHEMES)
+def test_compressed_tensors_decompressor_gives_our_weights_exactly(arch, method, bits, group, symmetric, grid,
+                                                                   tmp_path):
+    from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+
+    qmodel = _quantized(arch, method, bits, group, symmetric, grid)
+    save_compressed(qmodel, tmp_path / "ct")
+    config = json.loads((tmp_path / "ct" / "config.json").read_text())["quantization_config"]
+    schemes = {name: g["weights"] for g in config["config_groups"].values() for name in g["targets"]}
+    tensors = load_file(str(tmp_path / "ct" / "model.safetensors"))
+    rows, checked = _row_maps(qmodel.config), 0
+    for name in block_int_weights(qmodel):
+        hf = hf_linear_name(name)
+        if hf in config["ignore"]:
+            continue
+        scheme = QuantizationScheme(targets=[hf], weights=QuantizationArgs(**schemes[hf]))
+        stored = {key: tensors[f"{hf}.{key}"] for key in ("weight_packed", "weight_scale", "weight_shape")}
+        weight = PackedQuantizationCompressor.decompress(stored, scheme)["weight"]
+        ours = qmodel.get_submodule(name).dequantized_weight()
+        order = rows.get(name.rsplit(".", 1)[1], torch.arange(ours.shape[0]))
+        assert torch.equal(weight, ours[order]), name
+        checked += 1
+    assert checked >= 5
 
 
 def test_config_validates_in_compressed_tensors(tmp_path):

@@ -99,7 +99,7 @@ def _dequantize(path: Path, module: str, tensors: dict, bits: int) -> torch.Tens
 
 
 def unpack_int32(words: np.ndarray, bits: int, cols: int) -> np.ndarray:
-    """Signed codes [rows, cols] from compressed-tensors' int32 words (inverse of ``pack_int32``)."""
+    """Signed codes [rows, cols] from compressed-tensors' int32 words (inverse of its ``pack_to_int32``)."""
     rows = words.shape[0]
     stream = np.unpackbits(np.ascontiguousarray(words).astype("<i4").view(np.uint8), axis=1, bitorder="little")
     planes = stream[:, :cols * bits].reshape(rows, cols, bits).astype(np.int64)
