@@ -187,8 +187,9 @@ def _working_view(
     pad = -x.shape[-1] % g
     grouped = (*x.shape[:-1], (x.shape[-1] + pad) // g, g)
     if mask is not None:
-        mask = F.pad(mask.expand(x.shape), (0, pad), value=False).reshape(grouped)
-    return F.pad(xw, (0, pad)).reshape(grouped), mask, (x.ndim,)
+        mask = mask.expand(x.shape)
+        mask = (F.pad(mask, (0, pad), value=False) if pad else mask).reshape(grouped)
+    return (F.pad(xw, (0, pad)) if pad else xw).reshape(grouped), mask, (x.ndim,)
 
 
 def _ungrouped(t: torch.Tensor, shape: torch.Size) -> torch.Tensor:
@@ -317,13 +318,15 @@ def dequantize(
     q = codes.to(cd)
     if codes.ndim > 0 and scale.ndim == codes.ndim and scale.shape[-1] not in (1, codes.shape[-1]):
         n, d = scale.shape[-1], codes.shape[-1]
-        g = group_size or d // n
-        if group_size is None and d % n or -(-d // g) != n:
-            raise ValueError(f"scale's last dim {n} is not the number of groups of {g} columns in codes' last dim "
-                             f"{d}" if group_size else
-                             f"scale's last dim {n} neither broadcasts to nor divides codes' last dim {d}")
-        scale = scale.repeat_interleave(g, dim=-1)[..., :d]
-        zero = None if zero is None else zero.repeat_interleave(g, dim=-1)[..., :d]
+        if group_size is None:
+            if d % n:
+                raise ValueError(f"scale's last dim {n} neither broadcasts to nor divides codes' last dim {d}")
+            group_size = d // n
+        elif n_groups(group_size, d) != n:
+            raise ValueError(f"scale's last dim {n} is not the number of groups of {group_size} columns in codes' "
+                             f"last dim {d}")
+        scale = scale.repeat_interleave(group_size, dim=-1)[..., :d]
+        zero = None if zero is None else zero.repeat_interleave(group_size, dim=-1)[..., :d]
     if zero is not None:
         q = q - zero.to(cd)
     return (q * scale).to(dtype or cd)
