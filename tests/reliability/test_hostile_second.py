@@ -313,7 +313,7 @@ def test_sweep_resume_matches_checkpoints_by_resolved_path(assets, tmp_path, mon
     (["sample", "{g}", "--batch-size", "4096", "--max-len", "512", "--tokens", "10", "--out", "{t}/c"],
      "sampling 4096 stories of up to 512 tokens at once (a float64 KV cache) needs at least"),
     (["sweep", "{ckpt}", "--target", "weights-rtn", "--bits", "16", "--tasks", "wikitext2", "--batch-size", "4096",
-      "--out", "{t}/r.jsonl"], "scoring 4096 windows of 64 tokens at once"),
+      "--limit", "all", "--out", "{t}/r.jsonl"], "scoring 4096 windows of 64 tokens at once"),
     (["train", "--arch", "diff", "--preset", "xs", "--tokens", "2097152", "--batch-size", "4096", "--seq-len",
       "512", "--data", "{corpus}", "--out", "{t}/r"], "a training step of 4096 x 512 tokens needs at least"),
 ])
