@@ -28,6 +28,7 @@ class Pair:
     tokens: int | None
     paths: dict[str, Path]  # arch -> checkpoint folder
     sha256: dict[str, str]  # arch -> sha256 of its model.safetensors
+    restore: str = ""  # the command that brings parked checkpoints back into a clone, said when they are missing
 
 
 def registry_path() -> Path:
@@ -51,7 +52,7 @@ def _pair(registry: Path, name: str, entry: dict) -> Pair:
         sha = {arch: str(entry[arch]["sha256"]) for arch in ARCHS}
     except (KeyError, TypeError):
         raise UserError(f"{registry}: pair {name!r} needs transformer and diff entries with path and sha256") from None
-    return Pair(name, str(entry.get("description", "")), entry.get("tokens"), paths, sha)
+    return Pair(name, str(entry.get("description", "")), entry.get("tokens"), paths, sha, str(entry.get("restore", "")))
 
 
 def pair_problem(pair: Pair) -> str | None:
@@ -59,7 +60,8 @@ def pair_problem(pair: Pair) -> str | None:
     for arch in ARCHS:
         weights = pair.paths[arch] / WEIGHTS
         if not weights.is_file():
-            return f"{arch} model {pair.paths[arch]} is missing"
+            hint = f" (restore it: {pair.restore})" if pair.restore else ""
+            return f"{arch} model {pair.paths[arch]} is missing{hint}"
         if hashlib.sha256(weights.read_bytes()).hexdigest() != pair.sha256[arch]:
             return f"{weights} is not the registered file (sha256 differs)"
     return None
@@ -75,3 +77,11 @@ def resolve_pair(name: str | None = None) -> Pair:
     if (problem := pair_problem(pair)) is not None:
         raise UserError(f"pair {name!r}: {problem}")
     return pair
+
+
+def pair_checkpoints(name: str, *, relative_to: Path | None = None) -> list[str]:
+    """The registered pair's [transformer, diff] folders, checked as :func:`resolve_pair` does; relative to
+    ``relative_to`` when given, so records that name them read the same in any clone."""
+    pair = resolve_pair(name)
+    paths = [pair.paths[arch] for arch in ARCHS]
+    return [str(p.relative_to(relative_to.resolve()) if relative_to else p) for p in paths]

@@ -15,14 +15,16 @@ import argparse
 import os
 from pathlib import Path
 
+from diffquant.errors import UserError
 from diffquant.io import atomic_write_text
+from diffquant.pairs import pair_checkpoints
 from diffquant.plots import plot_degradation
 from diffquant.records import read_records
 from diffquant.report import render_report
 from diffquant.sweep import run_sweep
 
 REPO = Path(__file__).resolve().parent.parent
-PAIR = ["experiments/checkpoints/transformer-small/final", "experiments/checkpoints/diff-small/final"]
+PAIR = "small-books"  # calib/models/pairs.json: parked in history, restore_states.sh brings it back
 # task -> limit (rolling windows of 256 tokens for perplexity sets, items for zero-shot tasks)
 TASKS = {"wikitext2": 200, "test": 200, "hellaswag": 500, "piqa": 300, "arc_easy": 300, "winogrande": 300,
          "copa": 100, "lambada": 300}
@@ -44,11 +46,15 @@ def main() -> None:
     os.chdir(REPO)
     out = Path(args.out)
     records_path = out / "figure8.jsonl"
+    try:
+        pair = pair_checkpoints(PAIR, relative_to=REPO)
+    except UserError as exc:
+        raise SystemExit(f"figure8.py: {exc}") from None
     for target in args.targets.split(","):
         bits, extra = TARGETS[target]
         for task in args.tasks.split(","):
             limit = max(1, round(TASKS[task] * args.scale))
-            run_sweep(PAIR, records_path, target, bits=bits, tasks=[task], limit=limit, subset="random", seed=0,
+            run_sweep(pair, records_path, target, bits=bits, tasks=[task], limit=limit, subset="random", seed=0,
                       batch_size=16, **extra)
     records = read_records(records_path)
     text = render_report(records, fmt="markdown")

@@ -1,5 +1,6 @@
 """`diffquant demo` end to end on tiny saved models (the real run uses the shipped pair; see README)."""
 
+import hashlib
 import json
 
 import pytest
@@ -70,11 +71,30 @@ def test_every_registered_pair_is_shipped_as_registered(capsys):
 
     pairs, default = registered_pairs()
     assert default == "xs" and {"xs", "small-books"} <= set(pairs)
-    assert {name: pair_problem(pair) for name, pair in pairs.items()} == dict.fromkeys(pairs)
-    assert resolve_pair().paths["transformer"].name == "final"
+    problems = {name: pair_problem(pair) for name, pair in pairs.items()}
+    assert problems["xs"] is None and resolve_pair().paths["transformer"].name == "final"
+    for name, problem in problems.items():  # a parked pair is here as registered, or missing with its restore command
+        assert problem is None or "is missing (restore it: bash experiments/campaign/restore_states.sh" in problem, name
     assert main(["demo", "--list"]) == 0
     listed = capsys.readouterr().out
-    assert listed.count("ready (sha256 checked)") == len(pairs) and "xs (default)" in listed
+    assert listed.count("ready (sha256 checked)") == list(problems.values()).count(None) and "xs (default)" in listed
+
+
+def test_a_parked_pair_says_how_to_restore_it_and_gives_relative_paths(tmp_path, monkeypatch):
+    import diffquant.pairs as registry
+    from diffquant.errors import UserError
+
+    for arch in ("transformer", "diff"):
+        save_checkpoint(build_model(tiny_config(arch, vocab_size=8192, max_seq_len=64), seed=1), tmp_path / "m" / arch)
+    sha = {a: hashlib.sha256((tmp_path / "m" / a / "model.safetensors").read_bytes()).hexdigest()
+           for a in ("transformer", "diff")}
+    entry = {a: {"path": f"m/{a}", "sha256": sha[a]} for a in ("transformer", "diff")}
+    (tmp_path / "pairs.json").write_text(json.dumps({"pairs": {"mine": {**entry, "restore": "bash restore.sh mine"}}}))
+    monkeypatch.setattr(registry, "registry_path", lambda: tmp_path / "pairs.json")
+    assert registry.pair_checkpoints("mine", relative_to=tmp_path) == ["m/transformer", "m/diff"]
+    (tmp_path / "m" / "diff" / "model.safetensors").unlink()
+    with pytest.raises(UserError, match=r"diff model .* is missing \(restore it: bash restore.sh mine\)$"):
+        registry.pair_checkpoints("mine")
 
 
 def test_a_pair_is_refused_by_an_unknown_name_or_changed_weights(tmp_path, capsys, monkeypatch):
