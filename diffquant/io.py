@@ -146,6 +146,13 @@ def dump_json(data: dict, path: str | os.PathLike | None = None) -> str:
     return text
 
 
+def compact_json_object(data: dict) -> str:
+    """JSON text of ``data`` with one line per top-level key and each value compact (no NaN): a training log's
+    30K-step history stays small while its header still reads line by line."""
+    items = (f" {json.dumps(k)}: {json.dumps(v, separators=(',', ':'), allow_nan=False)}" for k, v in data.items())
+    return "{\n" + ",\n".join(items) + "\n}\n"
+
+
 def parse_json_object(text: str, what: str) -> dict:
     """``text`` parsed as one JSON object (standard JSON: NaN and Infinity are refused), else a ValueError."""
     try:
@@ -393,6 +400,6 @@ def finite_or_none(value):
 
 
 __all__ = ["JsonConfig", "atomic_dir", "atomic_path", "atomic_write_bytes", "atomic_write_text",
-           "canonical_safetensors", "check_output", "check_outputs", "clean_stale", "dump_json",
-           "exchange", "finite_or_none", "locked_append",
+           "canonical_safetensors", "check_output", "check_outputs", "clean_stale", "compact_json_object",
+           "dump_json", "exchange", "finite_or_none", "locked_append",
            "parse_json_object", "read_json_file", "refuse_overlap", "replace_dir", "scratch_name", "write_safetensors"]

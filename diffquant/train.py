@@ -28,7 +28,15 @@ from .checkpoint import checkpoint_format, load_checkpoint, save_checkpoint
 from .checkpoint.files import read_tensors
 from .config import ModelConfig
 from .errors import UserError
-from .io import atomic_dir, atomic_path, atomic_write_text, finite_or_none, read_json_file, write_safetensors
+from .io import (
+    atomic_dir,
+    atomic_path,
+    atomic_write_text,
+    compact_json_object,
+    finite_or_none,
+    read_json_file,
+    write_safetensors,
+)
 from .memory import check_fits, train_bytes
 from .model import LM, build_model, num_params
 from .progress import progress_bar
@@ -565,7 +573,7 @@ def _log_header(model, cfg, out, train_data, init_from, provenance, branch_from,
 def _write_log(out: Path, base: dict, history: dict, step: int) -> dict:
     record = {**base, "step": step, "tokens_seen": step * base["train_config"]["batch_size"]
               * base["train_config"]["seq_len"], "history": history}
-    atomic_write_text(out / LOG_FILE, json.dumps(finite_or_none(record), indent=1, allow_nan=False))
+    atomic_write_text(out / LOG_FILE, compact_json_object(finite_or_none(record)))
     return record
 
 

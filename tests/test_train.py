@@ -35,8 +35,10 @@ def test_thirty_steps_lower_the_loss_and_write_everything(tmp_path, shakespeare_
     assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 0.5
     val = record["history"]["val"]
     assert [v["step"] for v in val] == [10, 20, 30] and val[-1]["loss"] < val[0]["loss"]
-    saved = json.loads((tmp_path / "run" / "train_log.json").read_text())
+    text = (tmp_path / "run" / "train_log.json").read_text()
+    saved = json.loads(text)
     assert saved["history"]["train_loss"] == losses and saved["data"]["train_tokens_sha256"]
+    assert text.count("\n") == len(saved) + 2  # one line per top-level key: a long history stays one compact line
     assert sorted(p.name for p in (tmp_path / "run" / "snapshots").iterdir()) == ["step000015", "step000030"]
     final = load_checkpoint(tmp_path / "run" / "final")
     assert final.config.arch == arch
@@ -290,3 +292,15 @@ def test_in_process_cli_keeps_an_explicit_lr_over_the_recipe(tmp_path, monkeypat
     a, b = seen[str(tmp_path / "a")], seen[str(tmp_path / "b")]
     assert (a.lr, a.beta2, a.weight_decay) == (1e-2, 0.99, 0.01)  # lr given; the rest from the recipe
     assert (b.lr, b.beta2) == (1e-3, 0.9)
+
+
+def test_compact_json_object_round_trips_and_refuses_nan():
+    from diffquant.io import compact_json_object
+
+    rng = np.random.default_rng()
+    data = {"config": {"lr": float(rng.random()), "arch": "diff"}, "history": {"loss": rng.random(50).tolist(),
+            "val": [{"step": int(s), "loss": float(rng.random())} for s in rng.integers(0, 999, 4)]}, "seed": None}
+    text = compact_json_object(data)
+    assert json.loads(text) == data and text.count("\n") == len(data) + 2
+    with pytest.raises(ValueError):
+        compact_json_object({"loss": float("nan")})
