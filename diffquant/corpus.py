@@ -138,8 +138,9 @@ def load_corpus(folder: str | Path, vocab_size: int | None = None, verify: bool 
                          f"{vocab_size}")
     gone = missing_shards(folder, manifest)
     if gone:
-        raise FileNotFoundError(f"corpus {folder} lacks {len(gone)} of its {len(manifest['shards'])} shards; "
-                                f"regenerate them with: {manifest.get('command', 'diffquant sample')}")
+        how = (f"restore them with: {manifest['restore']}" if manifest.get("restore")  # kept in history, not redrawn
+               else f"regenerate them with: {manifest.get('command') or 'diffquant sample'}")
+        raise FileNotFoundError(f"corpus {folder} lacks {len(gone)} of its {len(manifest['shards'])} shards; {how}")
     if not manifest["shards"]:
         raise ValueError(f"corpus {folder} holds no shards")
     dtype = np.dtype(manifest["dtype"])

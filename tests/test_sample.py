@@ -162,6 +162,13 @@ def test_bad_input_is_one_line(tmp_path, capsys):
     shard.write_bytes(bytes([good[0] ^ 1]) + good[1:])
     with pytest.raises(ValueError, match="sha256"):
         load_corpus(tmp_path / "c")
+    shard.unlink()  # a missing shard: redrawn from the manifest's command, or restored where the manifest says so
+    with pytest.raises(FileNotFoundError, match="lacks 1 of its 1 shards; regenerate them with: diffquant sample"):
+        load_corpus(tmp_path / "c")
+    manifest = read_manifest(tmp_path / "c")
+    (tmp_path / "c" / "manifest.json").write_text(json.dumps({**manifest, "restore": "bash restore.sh c"}))
+    with pytest.raises(FileNotFoundError, match="lacks 1 of its 1 shards; restore them with: bash restore.sh c$"):
+        load_corpus(tmp_path / "c")
     save_checkpoint(build_model(ModelConfig.preset("tiny")), tmp_path / "ckpt")  # no tokenizer of its own
     assert main(["sample", str(tmp_path / "ckpt"), "--tokens", "100", "--out", str(tmp_path / "o2")]) == 2
     assert "does not fit its vocabulary (128)" in capsys.readouterr().err

@@ -15,6 +15,8 @@ PRESET=${PRESET:-xs}
 LR=${LR:-3e-3}
 RUN=${RUN:-experiments/campaign/long/$PRESET-lr$LR-s$SEED}
 read -ra extra <<< "${EXTRA:-}"  # more train options, as given to long.sh
+# the corpus's shards are parked in main's history (experiments/corpus/README.md): bring them back once
+[ -f experiments/corpus/stories260k-s0/shard_00002.bin ] || bash experiments/campaign/restore_states.sh experiments/corpus/stories260k-s0
 cool() {  # one arm's cooldown from branch $2 (step $3)
   local arch=$1 name=$2 step=$3
   local src=$RUN/$arch/branches/$name out=$RUN/cooldown/$arch-$name

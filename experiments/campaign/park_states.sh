@@ -7,7 +7,8 @@
 # as they are. Park only what a later session must resume: every newly added byte counts twice against a
 # submission's diff budget (added, then removed).
 #   bash experiments/campaign/park_states.sh RUN [PATH ...]   RUN: a run folder, e.g. experiments/campaign/long/xs-lr3e-3-s0;
-#                                                             PATHs inside it (e.g. diff/state): park only those
+#                                                             PATHs inside it (e.g. diff/state, or files such as a
+#                                                             corpus's shards, which .gitignore must then name): park only those
 #   NOTE="step 1,881 of 4,096: ..." sets the note restore_states.sh --list shows (how to continue the run)
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
@@ -19,7 +20,7 @@ run=${1%/}; shift
 [ -f "$STATES" ] || die "no $STATES"
 git diff --cached --quiet || die "the index holds staged changes: commit or unstage them first"
 if [ $# -gt 0 ]; then
-  rel=("${@%/}"); for p in "${rel[@]}"; do [ -d "$run/$p" ] || die "$run/$p is not a folder"; done
+  rel=("${@%/}"); for p in "${rel[@]}"; do [ -e "$run/$p" ] || die "$run/$p does not exist"; done
 else
   mapfile -t rel < <(cd "$run" && find . -type d \( -name state -o -name branches -o -name snapshots \) -prune -print \
                      | sed 's|^\./||' | sort)

@@ -12,6 +12,8 @@ cd "$(dirname "$0")/../.."
 DQ=${DQ:-.venv/bin/diffquant}
 CORPUS=experiments/corpus/stories260k-s0
 TOKENS=${TOKENS:-6029312}  # 736 steps of 16 x 512
+# the corpus's shards are parked in main's history (experiments/corpus/README.md): bring them back once
+[ -f "$CORPUS/shard_00002.bin" ] || bash experiments/campaign/restore_states.sh "$CORPUS"
 RUNS=${RUNS:-experiments/lr_sweep/runs}
 CLAIMS=${CLAIMS:-/tmp/diffquant-claims-$(echo "$RUNS" | tr / -)}
 NICE=${NICE:-10}
