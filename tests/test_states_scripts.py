@@ -98,7 +98,12 @@ def test_park_only_the_named_paths(origin):
     assert entry["paths"] == ["diff/state"] and f"{RUN}/diff/state/optimizer.safetensors" in held
     assert f"{RUN}/diff/branches/step000004/model.safetensors" not in held
     missing = script(repo, "park_states.sh", RUN, "diff/nope")
-    assert missing.returncode == 2 and "not a folder" in missing.stderr
+    assert missing.returncode == 2 and "diff/nope does not exist" in missing.stderr
+    one_file = "diff/branches/step000004/model.safetensors"  # files park too (a corpus's shards)
+    done = script(repo, "park_states.sh", RUN, one_file)
+    assert done.returncode == 0, done.stderr
+    assert parked(repo)[-1]["paths"] == [one_file] and f"{RUN}/{one_file}" not in git(repo, "ls-files")
+    assert f"{RUN}/{one_file}" in git(repo, "ls-tree", "-r", "--name-only", parked(repo)[-1]["commit"])
 
 
 def test_parts_tracked_in_the_tree_and_parked_again(origin, tmp_path):
