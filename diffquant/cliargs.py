@@ -16,6 +16,8 @@ import argparse
 import math
 from pathlib import Path
 
+from .kinds import renamed_granularity
+
 NON_NEGATIVE = frozenset({"seed", "warmup_steps"})  # 0 is meaningful though not the default
 DOMAIN_CHECKED = frozenset({"bits", "act_bits", "logit_bits"})  # the quantizer's own range messages say more
 DEFAULT_UPPER = 2**31 - 1
@@ -25,6 +27,13 @@ UPPER = {"n_boot": 100_000, "batch_size": 4096, "topk": 1_000_000, "threads": 10
 INPUT_FLAGS = ("checkpoint", "checkpoints", "source", "records", "pair", "init_from", "branch_from", "tokenizer",
                "data", "calib_data", "tasks")
 OUTPUT_FLAGS = ("out", "output", "json", "plot", "training_plot")
+
+
+def act_granularity(text: str) -> str:
+    """An activation granularity flag's value: today's names only (an old name is refused with its new one)."""
+    if renamed := renamed_granularity(text):
+        raise argparse.ArgumentTypeError(renamed)
+    return text
 
 
 def bounded_int(dest: str, zero_ok: bool = False):

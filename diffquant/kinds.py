@@ -31,9 +31,22 @@ SEQUENCE = "sequence"  # one scale per sequence per probe call
 HEAD_GRANULARITIES = ("head", "head_map")  # per sequence and head (and Diff map): attention probes only
 PER_SEQUENCE_GRANULARITIES = (SEQUENCE, *HEAD_GRANULARITIES)  # a scale over whole sequences: no query chunks
 ACT_GRANULARITIES = (*PER_SEQUENCE_GRANULARITIES, "row", "token")  # row = token: one scale per vector
-GRANULARITY_ALIASES = {"tensor": SEQUENCE}  # the old name, still read (configs, quant.json, records, flags)
+LEGACY_SEQUENCE = "tensor"  # SEQUENCE's name in files written before the rename; flags and arguments refuse it
 
 
-def canonical_granularity(name: str) -> str:
-    """An activation granularity's name, old spellings (``"tensor"``) mapped to today's (``"sequence"``)."""
-    return GRANULARITY_ALIASES.get(name, name)
+def upgrade_legacy_granularities(data):
+    """``data`` (JSON read from a file written before "tensor" was renamed "sequence": a record, quant.json, a
+    QuantConfig file) with every ``"granularity": "tensor"`` spelled ``"sequence"``; a new object, ``data`` is
+    untouched. Only readers of such files call this: it is the one place the old name is accepted. Every
+    "granularity" in these files is an activation's (weights say ``group_size``); lists are not entered."""
+    if not isinstance(data, dict):
+        return data
+    return {key: SEQUENCE if (key, value) == ("granularity", LEGACY_SEQUENCE) else upgrade_legacy_granularities(value)
+            for key, value in data.items()}
+
+
+def renamed_granularity(name: object) -> str | None:
+    """The one-line refusal of an old activation granularity name given as input (None for any other name)."""
+    if name == LEGACY_SEQUENCE:
+        return f"activation granularity {LEGACY_SEQUENCE!r} was renamed {SEQUENCE!r}"
+    return None

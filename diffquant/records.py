@@ -3,7 +3,7 @@ checkpoint sha256 and label (pure: no torch, no model). The sweep writes with it
 
 A records file holds JSON objects, one per line (see docs/ARCHITECTURE.md, section 6.3). Names that changed are
 read in their old spelling too and normalised on input (:func:`canonical_record`): granularity ``"tensor"`` is
-``"sequence"``, target ``"probs"`` is ``"attn_probs"``.
+``"sequence"`` (:func:`diffquant.kinds.upgrade_legacy_granularities`), target ``"probs"`` is ``"attn_probs"``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .kinds import ATTN_PROBS, canonical_granularity
+from .kinds import ATTN_PROBS, upgrade_legacy_granularities
 from .record_arrays import compact_units
 
 log = logging.getLogger(__name__)
@@ -58,11 +58,10 @@ def canonical_target(target: str | None) -> str | None:
 
 
 def canonical_record(rec: dict) -> dict:
-    """``rec`` with today's names for its target and granularity (records written before the renames)."""
+    """``rec`` with today's names for its target and granularities (records written before the renames)."""
+    rec = upgrade_legacy_granularities(rec)
     if rec.get("target") is not None:
         rec["target"] = canonical_target(rec["target"])
-    if isinstance(rec.get("granularity"), str):
-        rec["granularity"] = canonical_granularity(rec["granularity"])
     return rec
 
 

@@ -52,7 +52,7 @@ def bench_logits(model, ids, repeats, device) -> dict:
     model = model.set_attn_impl("eager").eval()
     base = time_forward(model, ids, repeats, device)
     record = {"eager_ms": 1000 * statistics.median(base), "quantized": {}}
-    for gran in ("tensor", "head", "row"):
+    for gran in ("sequence", "head", "row"):
         q = quantize_model(model, QuantConfig(logits=ActQuant(4, gran)))
         t = time_forward(q, ids, repeats, device)
         record["quantized"][gran] = {"ms": 1000 * statistics.median(t),

@@ -2,8 +2,8 @@
 
     python experiments/figure8.py [--scale 1.0] [--targets attn_logits,weights-rtn,weights-gptq,linear_inputs]
 
-Dynamic post-training absmax quantization of the attention logits, one scale per sequence (per-tensor, the
-paper's setting as far as it is stated), scored by rolling perplexity on WikiText-2 and the held-out books
+Dynamic post-training absmax quantization of the attention logits, one scale per sequence (the paper's
+per-tensor setting as far as it is stated), scored by rolling perplexity on WikiText-2 and the held-out books
 and by zero-shot accuracy (seeded item subsets; ``--scale`` multiplies every limit). Then the same grid for
 weights (RTN, GPTQ) and 8-bit Linear inputs. Records go to experiments/results/figure8.jsonl (resumable:
 rerunning skips finished cells), tables to figure8.md, the plot to figure8.png.

@@ -50,15 +50,15 @@ def test_the_gate_needs_both_a_large_logit_and_a_doubling_perplexity(monkeypatch
 
 def test_verdict_files_each_comparison_under_its_own_arm(monkeypatch):
     def rows(records):
-        return [Comparison("attn_logits/tensor", "tinystories", "perplexity", bits, "t", arm, 0.1, 0.05, adv, -1, 1,
+        return [Comparison("attn_logits/sequence", "tinystories", "perplexity", bits, "t", arm, 0.1, 0.05, adv, -1, 1,
                            9, arm) for bits, arm, adv in ((4, "diff", 0.05), (4, "gated", 0.2), (8, "diff", 0.0))]
     monkeypatch.setattr(verdict, "comparison_rows", rows)
-    records = [r for a in PAIR["checkpoints"] for r in ppl_records(a, 5.0, {"tensor": 2.0})]
+    records = [r for a in PAIR["checkpoints"] for r in ppl_records(a, 5.0, {"sequence": 2.0})]
     res = verdict.verdict(PAIR, table5(dict.fromkeys(PAIR["checkpoints"], 120.0),
                                       dict.fromkeys(PAIR["checkpoints"], 9.0)), records)
     assert res["versus"]["diff"]["advantage_4bit"] == {
-        "attn_logits/tensor tinystories": {"advantage": 0.05, "low": -1, "high": 1}}
-    assert res["versus"]["gated"]["advantage_4bit"]["attn_logits/tensor tinystories"]["advantage"] == 0.2
+        "attn_logits/sequence tinystories": {"advantage": 0.05, "low": -1, "high": 1}}
+    assert res["versus"]["gated"]["advantage_4bit"]["attn_logits/sequence tinystories"]["advantage"] == 0.2
     assert res["ppl_growth_4bit"]["diff"]["head"] is None  # never measured: no number invented
 
 

@@ -113,7 +113,7 @@ def test_records_equal_plain_evaluation(setup, full):
     _, records = full
     for path in ckpts.values():
         model, tok = _eager(path), tokenizer_for(path)
-        quantized = quantize_model(model, QuantConfig(logits=ActQuant(4, "tensor")))
+        quantized = quantize_model(model, QuantConfig(logits=ActQuant(4, "sequence")))
         for bits, m in ((16, model), (4, quantized)):
             rec = {r["task"]: r for r in records if r["checkpoint"] == path and r["bits"] == bits}
             assert rec["copa"]["metrics"] == evaluate_task(m, tok, "copa", limit=4, seed=0, progress=False)

@@ -31,7 +31,7 @@ from safetensors.torch import save
 from torch import nn
 
 from ..io import write_safetensors
-from ..kinds import ATTENTION_KINDS
+from ..kinds import ATTENTION_KINDS, upgrade_legacy_granularities
 from ..model import build_model
 from ..quant.act import InputQuantLinear, QuantProbe
 from ..quant.api import iter_quantized, tie_packed
@@ -200,6 +200,7 @@ def restore_quantized_(model: nn.Module, info: dict, tensors: dict[str, torch.Te
     Model-agnostic: modules are found by name and swapped by the type recorded in their scheme.
     """
     where = where or "packed checkpoint"
+    info = upgrade_legacy_granularities(info)  # quant.json written before an activation granularity was renamed
     check_schemes(model, info["modules"], where)  # before any quantized buffer is allocated
     for name, scheme in info["modules"].items():
         try:

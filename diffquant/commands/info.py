@@ -49,9 +49,10 @@ def quantization_summary(path) -> dict | None:
     fmt = checkpoint_format(path)
     if fmt == "packed":
         from ..checkpoint.packed import read_quant_info
+        from ..kinds import upgrade_legacy_granularities
 
         info = read_quant_info(path)
-        config = info.get("quant_config") or {}
+        config = upgrade_legacy_granularities(info.get("quant_config") or {})
         weights = config.get("weights")
         layers = sum(m.get("type") in ("QuantLinear", "QuantEmbedding") for m in info.get("modules", {}).values())
         return {"format": "diffquant packed",

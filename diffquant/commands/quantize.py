@@ -8,9 +8,9 @@ import time
 from pathlib import Path
 
 from ..calibration import DEFAULT_CALIB_TOKENS
-from ..cliargs import add_device_argument, chosen_device
+from ..cliargs import act_granularity, add_device_argument, chosen_device
 from ..errors import UserError
-from ..kinds import ACT_GRANULARITIES, GRANULARITY_ALIASES, HEAD_GRANULARITIES, SEQUENCE
+from ..kinds import ACT_GRANULARITIES, HEAD_GRANULARITIES, SEQUENCE
 from ..quant import weight_methods
 
 WEIGHT_CHOICES = [*weight_methods(), "none"]
@@ -33,11 +33,11 @@ def register(sub) -> None:
     p.add_argument("--threshold", type=float, default=6.0, help="bnb-int8 outlier threshold")
     p.add_argument("--embeddings", action="store_true", help="also quantize the embedding and output head")
     p.add_argument("--act-bits", type=int, default=None, help="quantize every block Linear's input (2..16)")
-    p.add_argument("--act-granularity", default="token", choices=["token", SEQUENCE, *GRANULARITY_ALIASES],
-                   help="token (default) or sequence (old name tensor)")
+    p.add_argument("--act-granularity", default="token", type=act_granularity, choices=["token", SEQUENCE],
+                   help="token (default) or sequence")
     p.add_argument("--logit-bits", type=int, default=None, help="quantize the attention logits (2..16)")
-    p.add_argument("--logit-granularity", default=SEQUENCE, choices=[*ACT_GRANULARITIES, *GRANULARITY_ALIASES],
-                   help=f"default {SEQUENCE} (one scale per sequence; old name tensor), "
+    p.add_argument("--logit-granularity", default=SEQUENCE, type=act_granularity, choices=ACT_GRANULARITIES,
+                   help=f"default {SEQUENCE} (one scale per sequence), "
                         f"{' | '.join(HEAD_GRANULARITIES)} or row / token (per query row)")
     p.add_argument("--calib-tokens", type=int, default=DEFAULT_CALIB_TOKENS, help="calibration tokens (GPTQ)")
     p.add_argument("--calib-seq-len", type=int, default=None, help="default: min(256, the model's max_seq_len)")

@@ -6,7 +6,7 @@ import argparse
 import json
 
 from .. import distributed
-from ..cliargs import add_device_argument, chosen_device
+from ..cliargs import act_granularity, add_device_argument, chosen_device
 from ..offload import add_arguments as add_dispatch_arguments
 from ..offload import dispatch_options
 from ..sweep import AS_STORED, ATTN_IMPLS, DEFAULT_CALIB_TOKENS, PERPLEXITY_TASKS, TARGETS
@@ -37,8 +37,8 @@ def register(sub) -> None:
                         "compressed-tensors or GGUF Q8_0/Q4_0 model, at 16 bits only)")
     p.add_argument("--bits", type=int, nargs="+", default=None,
                    help="bit widths; 16 = the unquantized model (default: 16 8 6 4; 16 for --target none)")
-    p.add_argument("--granularity", default=None,
-                   help="activation targets: sequence (one scale per sequence, default; old name tensor) | head | "
+    p.add_argument("--granularity", default=None, type=act_granularity,
+                   help="activation targets: sequence (one scale per sequence, default) | head | "
                         "head_map (per head and Diff map) | row | token")
     p.add_argument("--group-size", type=int, default=None,
                    help="weight targets: input columns per scale (default: one scale per output channel)")

@@ -11,7 +11,7 @@ to ``dequantize`` and ``fake_quantize``. Packed quantized checkpoints are a chec
 from diffquant.quant import methods  # noqa: F401  (registers the weight methods before anything asks for one)
 from diffquant.quant.act import InputQuantLinear, QuantProbe, act_granularity, quantize_activation
 from diffquant.quant.api import default_filter, is_quantized, quantize, quantize_
-from diffquant.quant.config import ActQuant, QuantConfig, WeightQuant, canonical_granularity
+from diffquant.quant.config import ActQuant, QuantConfig, WeightQuant
 from diffquant.quant.gptq import gptq_codes, gptq_quantize_
 from diffquant.quant.linear import QuantEmbedding, QuantLinear, pack_codes, unpack_codes
 from diffquant.quant.numerics import (
@@ -44,7 +44,6 @@ __all__ = [
     "WeightMethod",
     "WeightQuant",
     "act_granularity",
-    "canonical_granularity",
     "default_filter",
     "gptq_codes",
     "gptq_quantize_",

@@ -19,14 +19,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from diffquant.kinds import ATTENTION_KINDS, MAP_KINDS
+from diffquant.kinds import ATTENTION_KINDS, MAP_KINDS, renamed_granularity
 from diffquant.probes import Probe, padding_mask
 from diffquant.quant.config import (
     HEAD_GRANULARITIES,
     PER_SEQUENCE_GRANULARITIES,
     SEQUENCE,
     ActQuant,
-    canonical_granularity,
 )
 from diffquant.quant.numerics import PerAxis, fake_quantize
 
@@ -35,13 +34,12 @@ __all__ = ["InputQuantLinear", "QuantProbe", "act_granularity", "quantize_activa
 def act_granularity(granularity: str, ndim: int, kind: str | None = None) -> PerAxis:
     """The explicit reduction of a probe-level granularity for a tensor of ``ndim`` dims (dim 0 = batch).
 
-    "sequence" (old name "tensor") keeps dim 0; "row"/"token" keep every dim but the last; "head" keeps (batch, head):
+    "sequence" keeps dim 0; "row"/"token" keep every dim but the last; "head" keeps (batch, head):
     for Diff attention maps [B, H, 2, T, S] both maps of a head share the scale; "head_map" keeps the map index
     too (one scale per map, like the matched Transformer's heads; the same as "head" for every other tensor).
     """
     if ndim < 2:
         raise ValueError(f"activation quantization needs a batch dim and a feature dim, got a {ndim}-d tensor")
-    granularity = canonical_granularity(granularity)
     if granularity == SEQUENCE:
         return PerAxis((0,))
     if granularity in ("row", "token"):
@@ -52,7 +50,7 @@ def act_granularity(granularity: str, ndim: int, kind: str | None = None) -> Per
                              f"not to {kind or 'this tensor'}")
         diff_maps = kind in MAP_KINDS and ndim == 5
         return PerAxis((0, 1, 2) if diff_maps and granularity == "head_map" else (0, 1))
-    raise ValueError(f"unknown activation granularity {granularity!r}")
+    raise ValueError(renamed_granularity(granularity) or f"unknown activation granularity {granularity!r}")
 
 
 def quantize_activation(

@@ -9,8 +9,7 @@ the dynamic quantizers at probes and Linear inputs::
 
 Activation granularities (scales are always per sequence at least, so results never depend on batch size):
 
-* ``"sequence"``: one scale per sequence (batch element) per probe call (``"tensor"``, its old name, is read
-  as ``"sequence"`` everywhere: configs, quant.json, records, command-line flags);
+* ``"sequence"``: one scale per sequence (batch element) per probe call;
 * ``"head"``: per sequence and head (attention probes only; both maps of a Diff head share the scale);
 * ``"head_map"``: per sequence, head and Diff map (the same as ``"head"`` for every other tensor), since one
   nearly unused map can set a shared step size;
@@ -28,7 +27,7 @@ import math
 import numbers
 from dataclasses import dataclass
 
-from ..io import JsonConfig
+from ..io import JsonConfig, read_json_file
 from ..kinds import (
     ACT_GRANULARITIES,
     ATTENTION_KINDS,
@@ -36,17 +35,17 @@ from ..kinds import (
     ATTN_LOGITS,
     ATTN_PROBS,
     ATTN_Q,
-    GRANULARITY_ALIASES,  # noqa: F401  (re-exported)
     HEAD_GRANULARITIES,
     HIDDEN,
     PER_SEQUENCE_GRANULARITIES,  # noqa: F401  (re-exported)
     SEQUENCE,
-    canonical_granularity,
+    renamed_granularity,
+    upgrade_legacy_granularities,
 )
 from .registry import weight_method, weight_methods
 
 __all__ = ["ACT_GRANULARITIES", "ACT_TARGETS", "HEAD_GRANULARITIES", "PROBE_TARGETS", "ActQuant", "QuantConfig",
-           "WeightQuant", "canonical_granularity"]
+           "WeightQuant"]
 
 # QuantConfig field -> probe kinds it quantizes (``activations`` = the inputs of the selected Linear layers).
 PROBE_TARGETS: dict[str, tuple[str, ...]] = {
@@ -165,8 +164,8 @@ class ActQuant(_PlainFields):
     """Dynamic (per forward) integer quantization of an activation: absmax (or min/max) per slice.
 
     bits: 2..16; 16 means unquantized (the paper's convention) unless ``unquantized_at_16=False``.
-    granularity: "sequence" (old name "tensor"), "head" (per sequence and head), "head_map" (per
-    sequence, head and Diff map), "row" / "token" (per vector).
+    granularity: "sequence", "head" (per sequence and head), "head_map" (per sequence, head and Diff map),
+        "row" / "token" (per vector).
     """
 
     bits: int = 8
@@ -177,8 +176,8 @@ class ActQuant(_PlainFields):
     def __post_init__(self) -> None:
         if not _is_int(self.bits) or not 2 <= self.bits <= 16:
             raise ValueError(f"bits must be an integer in 2..16 (16: unquantized), got {self.bits!r}")
-        if isinstance(self.granularity, str):
-            object.__setattr__(self, "granularity", canonical_granularity(self.granularity))
+        if renamed := renamed_granularity(self.granularity):
+            raise ValueError(renamed)
         if self.granularity not in ACT_GRANULARITIES:
             raise ValueError(f"unknown activation granularity {self.granularity!r}; "
                              f"expected one of {', '.join(ACT_GRANULARITIES)}")
@@ -231,6 +230,11 @@ class QuantConfig(JsonConfig):
             part = WeightQuant if name == "weights" else ActQuant
             parts[name] = None if value is None else part.from_dict(value)
         return cls(**parts)
+
+    @classmethod
+    def from_json_file(cls, path) -> "QuantConfig":
+        """A QuantConfig file, also one written before an activation granularity was renamed."""
+        return cls.from_dict(upgrade_legacy_granularities(read_json_file(path)))
 
     def probe_targets(self) -> dict[str, ActQuant]:
         """Probe kind -> its (non-no-op) quantizer."""

@@ -35,8 +35,8 @@ def ppl_growth(records: list[dict], arch: str, granularity: str = SEQUENCE, bits
 
 
 def per_sequence(growth: dict) -> float | None:
-    """The per-sequence entry of a growth dict (verdicts written before the rename call it "tensor")."""
-    return growth[SEQUENCE] if SEQUENCE in growth else growth.get("tensor")
+    """The per-sequence entry of a growth dict (None where it was not measured)."""
+    return growth.get(SEQUENCE)
 
 
 def lambda_ranges(lambdas: dict[str, list[float]]) -> str:

@@ -38,7 +38,7 @@ Steps (each phase has a deadline; the script stops gracefully and evaluates what
    ``trend.png``, ``emergence.md`` / ``emergence.json``, ``zeroshot.md`` / ``zeroshot.json`` and
    ``summary.json`` (plan, timings, sampling and training throughput, what the guard skipped).
 
-Granularities: issue 13's three — "tensor" (one scale per sequence; both Diff maps share it), "head" (per
+Granularities: issue 13's three — "sequence" (one scale per sequence; both Diff maps share it), "head" (per
 sequence and head) and "head_map" (per head and Diff map). Zero-shot: each size's best-trained pairs are scored
 unquantized on ``diffquant.study.zeroshot.ZEROSHOT_TASKS`` and swept only on the tasks where every arm is above chance.
 

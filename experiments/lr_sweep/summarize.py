@@ -44,7 +44,7 @@ def heldout_windows(seq_len: int = 512, eval_tokens: int = 65536) -> torch.Tenso
 
 def logit4_loss(model, windows: torch.Tensor) -> float:
     """Validation loss with every attention logit fake-quantized to 4 bits, one absmax scale per sequence."""
-    quantized = quantize_model(model, QuantConfig(logits=ActQuant(bits=4, granularity="tensor")))
+    quantized = quantize_model(model, QuantConfig(logits=ActQuant(bits=4, granularity="sequence")))
     return mean_loss(quantized, windows, 16, "cpu")
 
 

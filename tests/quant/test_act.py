@@ -48,7 +48,7 @@ def logits_shape(arch, B=2, T=7):
 
 
 def test_granularities_map_to_explicit_reductions():
-    assert act_granularity("tensor", 4) == PerAxis((0,))
+    assert act_granularity("sequence", 4) == PerAxis((0,))
     assert act_granularity("row", 5) == act_granularity("token", 5) == PerAxis((0, 1, 2, 3))
     assert act_granularity("head", 4, "attn_logits") == PerAxis((0, 1))
     assert act_granularity("head", 5, "attn_logits") == PerAxis((0, 1))  # Diff: both maps share the scale
@@ -62,7 +62,7 @@ def test_granularities_map_to_explicit_reductions():
         QuantProbe("hidden", ActQuant(8, "head"))
 
 
-@pytest.mark.parametrize("granularity, keep", [("tensor", 1), ("head", 2), ("head_map", None), ("row", None)])
+@pytest.mark.parametrize("granularity, keep", [("sequence", 1), ("head", 2), ("head_map", None), ("row", None)])
 def test_logit_quantizer_matches_a_loop_reference_over_kept_entries(arch, granularity, keep):
     x = 3 * torch.randn(logits_shape(arch))
     probe = QuantProbe("attn_logits", ActQuant(4, granularity))
@@ -73,7 +73,7 @@ def test_logit_quantizer_matches_a_loop_reference_over_kept_entries(arch, granul
 
 def test_a_huge_masked_logit_does_not_change_the_scale(arch):
     x = torch.randn(logits_shape(arch))
-    probe = QuantProbe("attn_logits", ActQuant(4, "tensor"))
+    probe = QuantProbe("attn_logits", ActQuant(4, "sequence"))
     keep = probe.causal_mask(x).expand(x.shape)
     planted = x.clone()
     planted[..., 0, 3] = 1e4  # query 0 may not see key 3
@@ -103,7 +103,7 @@ def test_in_a_model_a_planted_masked_logit_changes_nothing(arch):
 def test_results_do_not_depend_on_the_batch(arch):
     model, ids = model_and_ids(arch)
     cfg = QuantConfig(logits=ActQuant(4), probs=ActQuant(6, "head"), qk=ActQuant(6), hidden=ActQuant(8),
-                      activations=ActQuant(6, "tensor"))
+                      activations=ActQuant(6, "sequence"))
     q = quantize_model(model, cfg)
     ids[1, 5:] = ids[1, 5]  # make the batch mates different in kind, not only in value
     with torch.no_grad():
@@ -121,7 +121,7 @@ def padded_mask(shape, lengths, causal: bool) -> torch.Tensor:
     return keep
 
 
-@pytest.mark.parametrize("granularity, keep", [("tensor", 1), ("head", 2), ("row", None)])
+@pytest.mark.parametrize("granularity, keep", [("sequence", 1), ("head", 2), ("row", None)])
 def test_padded_positions_never_set_a_logit_scale_float64_reference(arch, granularity, keep):
     lengths = (4, 7)
     x = 3 * torch.randn(logits_shape(arch), dtype=torch.float64)
@@ -147,12 +147,12 @@ def test_padded_tokens_never_set_a_hidden_or_linear_input_scale_float64_referenc
     assert torch.equal(out, F.linear(expected, layer.weight, layer.bias))
 
 
-@pytest.mark.parametrize("gran", ["tensor", "head"])
+@pytest.mark.parametrize("gran", ["sequence", "head"])
 def test_a_padded_sequence_is_quantized_as_alone(arch, gran):
     """Each row of a right-padded batch gives what it gives alone (float32, exact)."""
     model, ids = model_and_ids(arch)
     cfg = QuantConfig(logits=ActQuant(4, gran), probs=ActQuant(6, "head"), qk=ActQuant(6, gran),
-                      hidden=ActQuant(8), activations=ActQuant(6, "tensor"))
+                      hidden=ActQuant(8), activations=ActQuant(6, "sequence"))
     q = quantize_model(model, cfg)
     lengths = (24, 9, 15)
     for b, n in enumerate(lengths):
@@ -215,7 +215,7 @@ def test_chunked_attention_with_per_sequence_scales_is_refused(arch):
     model, ids = model_and_ids(arch)
     model.set_attn_impl("eager", chunk=8)
     with pytest.raises(ValueError, match="unchunked"):
-        quantize_model(model, QuantConfig(logits=ActQuant(4, "tensor")))
+        quantize_model(model, QuantConfig(logits=ActQuant(4, "sequence")))
     model.set_attn_impl("eager")
     q = quantize_model(model, QuantConfig(logits=ActQuant(4, "head")))
     q.set_attn_impl("eager", chunk=8)  # chunked after quantizing: refused at forward time
