@@ -112,3 +112,33 @@ def test_a_pair_is_refused_by_an_unknown_name_or_changed_weights(tmp_path, capsy
     err = capsys.readouterr().err
     assert "sha256 differs" in err and err.count("\n") == 1
     assert not (tmp_path / "d").exists()
+
+
+# -- the job itself, in process (diffquant.study.demo) -------------------------------------------------------------
+
+def test_run_demo_in_process_shows_its_tables_and_writes_the_files(tmp_path, capsys):
+    from diffquant.study.demo import demo_pair, demo_tasks, run_demo
+
+    paths = []
+    for arch in ("diff", "transformer"):  # either order: the pair is keyed by arch
+        path = tmp_path / f"{arch}-tiny" / "final"
+        save_checkpoint(build_model(tiny_config(arch, vocab_size=8192, max_seq_len=64), seed=1), path)
+        paths.append(str(path))
+    pair = demo_pair(paths)
+    assert pair == {"pair": "tiny", "tokens": None, "checkpoints": {"transformer": paths[1], "diff": paths[0]}}
+    tasks = demo_tasks(["tinystories", "copa"], ppl_windows=2, limit=3)
+    assert tasks == {"tinystories": 2, "copa": 3}
+    shown = []
+    summary = run_demo(pair, tmp_path / "demo", tasks={"tinystories": 1}, stories=False, profile_windows=1,
+                       calib_tokens=64, show=shown.append)
+    assert capsys.readouterr().out == ""  # shown through `show` only
+    assert shown[0].startswith("== Outliers") and any("Transformer/Diff" in s for s in shown)
+    assert shown[-1].startswith("== The gate") and "gate (T top-1" in shown[-1]
+    out = tmp_path / "demo"
+    assert json.loads((out / "summary.json").read_text()) == summary
+    assert summary["out"] == str(out) and summary["verdict"]["pair"] == "tiny"
+    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    assert {r["target"] for r in records} == {None, "attn_logits", "weights-rtn", "weights-gptq", "linear_inputs"}
+    assert not any(r["checkpoint"].endswith("stories260K.gguf") for r in records)
+    assert "stories260K" not in json.loads((out / "outliers.json").read_text())
+    assert (out / "gate.md").read_text() == shown[-1].split("\n\n", 1)[1].rstrip("\n") + "\n"

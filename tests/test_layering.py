@@ -256,7 +256,8 @@ def test_graph_is_the_package(parsed):
     assert "diffquant.quant.registry" in graph["diffquant.hf_native"]  # lazy relative import
     assert "diffquant.quant.config" in graph["diffquant.quant.methods.rtn"]  # lazy absolute import
     assert "diffquant.commands" in graph["diffquant.cli"]
-    assert "diffquant.study.verdict" in graph["diffquant.commands.demo"]
+    assert "diffquant.study.demo" in graph["diffquant.commands.demo"]
+    assert "diffquant.study.verdict" in graph["diffquant.study.demo"]  # `from .verdict import ...`
     assert "diffquant.quant.config" in graph["diffquant.quant.linear"]
     assert len(graph) >= 50
 

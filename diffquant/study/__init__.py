@@ -13,6 +13,7 @@ One job per module: :mod:`.pair` (arms, budget labels), :mod:`.cells` (table cel
 pair, where the top values sit), :mod:`.figure8` (sweeping a pair's attention logits), :mod:`.gate`,
 :mod:`.memorisation`, :mod:`.verdict` (one pair's verdict), :mod:`.seeds` (statistics over seeds),
 :mod:`.trend` (verdicts against training tokens), :mod:`.zeroshot` (chance tests), :mod:`.emergence_table`
-(tracked outliers in blocks) and :mod:`.outputs` (the verdict files). The library never imports this package
-(tests/test_layering.py); the CLI's ``demo`` and the scripts under experiments/ do.
+(tracked outliers in blocks), :mod:`.outputs` (the verdict files) and :mod:`.demo` (``diffquant demo``'s job on
+one pair). The library never imports this package (tests/test_layering.py); the CLI's ``demo`` and the scripts
+under experiments/ do.
 """
