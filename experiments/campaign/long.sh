@@ -17,6 +17,8 @@ LR=${LR:-3e-3}
 RUN=${RUN:-experiments/campaign/long/$PRESET-lr$LR-s$SEED}
 read -ra extra <<< "${EXTRA:-}"  # more train options (experiments/campaign/ablation.sh)
 stop=(); [ -n "${UNTIL:-}" ] && stop=(--stop-at "$UNTIL")
+# the corpus's shards are parked in main's history (experiments/corpus/README.md): bring them back once
+[ -f experiments/corpus/stories260k-s0/shard_00002.bin ] || bash experiments/campaign/restore_states.sh experiments/corpus/stories260k-s0
 mkdir -p "$RUN"
 for arch in ${ARMS:-transformer diff}; do
   out=$RUN/$arch
