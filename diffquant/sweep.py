@@ -337,17 +337,43 @@ def _plan(path: str, existing: list[dict], scheme: Scheme, bits: list[int], task
           settings: dict) -> _Checkpoint:
     """The cells of one checkpoint that ``existing`` lacks (after checking it is the same checkpoint)."""
     sha = checkpoint_sha256(path)
-    here = Path(path).resolve()
-    resolved = {p: Path(p).resolve() for p in {r["checkpoint"] for r in existing}}
-    mine = [r for r in existing if resolved[r["checkpoint"]] == here]  # absolute, relative, symlinked: one path
+    mine = _records_of(path, existing)
     other = {r.get("checkpoint_sha256") for r in mine} - {sha}
     if other:
         raise ValueError(f"the records file holds results of a different checkpoint at {path} "
                          "(its files changed): write to a new --out")
+    return _Checkpoint(path, sha, _cells_missing(path, mine, scheme, bits, tasks, settings))
+
+
+def _records_of(path: str, existing: list[dict]) -> list[dict]:
+    """The records of the checkpoint at ``path``: absolute, relative, symlinked, one path."""
+    here = Path(path).resolve()
+    resolved = {p: Path(p).resolve() for p in {r["checkpoint"] for r in existing}}
+    return [r for r in existing if resolved[r["checkpoint"]] == here]
+
+
+def _cells_missing(path: str, mine: list[dict], scheme: Scheme, bits: Sequence[int], tasks: Sequence[Task],
+                   settings: dict) -> list[tuple[int, Task]]:
+    """The (bits, task) cells of ``path`` that its records ``mine`` lack."""
     done = {record_key({**r, "checkpoint": path}) for r in mine}
-    cells = [(b, t) for b in bits for t in tasks
-             if record_key(_key_fields(path, scheme, b, t, settings)) not in done]
-    return _Checkpoint(path, sha, cells)
+    return [(b, t) for b in bits for t in tasks if record_key(_key_fields(path, scheme, b, t, settings)) not in done]
+
+
+def missing_cells(checkpoints: Sequence[str | os.PathLike], out: str | os.PathLike, target: str,
+                  bits: Sequence[int] = (16, 8, 6, 4), tasks: Sequence[str] = ("wikitext2",),
+                  granularity: str | None = None, group_size: int | None = None, limit: int | None = None,
+                  seed: int = 0, calib_tokens: int | None = None, attn_impl: str = "eager",
+                  subset: str = "first") -> list[tuple[str, int, str]]:
+    """The (checkpoint, bits, task) cells of the :func:`run_sweep` with these arguments that ``out`` lacks, matched
+    by path alone: no checkpoint is read, so it answers for checkpoints whose weights are not here (parked in
+    history) as well. :func:`run_sweep` itself also checks that the records are of the same checkpoint files."""
+    scheme = make_scheme(target, granularity, group_size, calib_tokens)
+    settings = {"limit": limit, "subset": subset if limit is not None else None, "seed": seed, "attn_impl": attn_impl}
+    resolved = list({t.name: t for t in map(resolve_task, tasks)}.values())
+    bits = check_bits(scheme, bits)
+    existing = read_records(out, missing_ok=True)
+    return [(ckpt, b, t.name) for ckpt in dict.fromkeys(os.path.normpath(str(c)) for c in checkpoints)
+            for b, t in _cells_missing(ckpt, _records_of(ckpt, existing), scheme, bits, resolved, settings)]
 
 
 def _key_fields(path: str, scheme: Scheme, bits: int, task: Task, settings: dict) -> dict:

@@ -4,6 +4,7 @@ through profile and sweep runs in tests/test_gpu_script.py's dry run)."""
 import json
 import math
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ from diffquant.kinds import SEQUENCE
 from diffquant.report import Comparison
 from diffquant.study import figure8, gate, outputs, seeds, trend, verdict, zeroshot
 from diffquant.study.table5 import top_sites
+from diffquant.sweep import missing_cells
 from diffquant.tracking import diff_lambdas
 
 
@@ -226,12 +228,14 @@ def verdicts_script(tmp_path, monkeypatch):
     return verdicts
 
 
-def cooled(run, arms, branch: str = "step004096", tokens: int = 41943040) -> None:
-    """Stand-ins for the cooled checkpoints of ``arms`` in a run folder."""
+def cooled(run, arms, branch: str = "step004096", tokens: int = 41943040, parked: bool = False) -> None:
+    """Stand-ins for the cooled checkpoints of ``arms`` in a run folder (``parked``: config.json without weights)."""
     for arch in arms:
         final = run / "cooldown" / f"{arch}-{branch}" / "final"
         final.mkdir(parents=True)
-        (final / "model.safetensors").write_bytes(b"x")
+        (final / "config.json").write_text("{}")
+        if not parked:
+            (final / "model.safetensors").write_bytes(b"x")
         (final.parent / "train_log.json").write_text(json.dumps({"tokens_seen": tokens}))
 
 
@@ -269,6 +273,32 @@ def test_verdicts_pairs_each_ablation_with_its_own_or_the_long_runs_transformer(
     assert init["checkpoints"]["transformer"].startswith("ablation/xs-lr3e-3-s0-init-default/")
     assert (lam["seed"], lam["preset"]) == (0, "xs") and "λ_init 0.8" in lam["budget"]
     assert len({lam["budget"], init["budget"], "41.9M @ lr 3e-3"}) == 3  # never pooled with the long seeds
+
+
+def test_verdicts_find_a_pair_whose_weights_are_parked_and_name_the_command_that_restores_them(
+        tmp_path, verdicts_script, monkeypatch):
+    verdicts = verdicts_script
+    cooled(tmp_path / "long" / "xs-lr3e-3-s0", ("transformer", "diff"), parked=True)
+    cooled(tmp_path / "long" / "xs-lr3e-3-s1", ("transformer",), parked=True)
+    (tmp_path / "long" / "xs-lr3e-3-s1" / "cooldown" / "diff-step004096").mkdir()  # cooling: no final yet
+    states = {"runs": {"long/xs-lr3e-3-s0": [{"commit": "c1", "paths": ["diff/state"]}],
+                       "long/xs-lr3e-3-s0/cooldown/transformer-step004096/final": [
+                           {"commit": "c2", "paths": ["model.safetensors"]}],
+                       "long/xs-lr3e-3-s0/cooldown/diff-step004096": [{"commit": "c3", "paths": ["final"]}]}}
+    (tmp_path / "states.json").write_text(json.dumps(states))
+    monkeypatch.setattr(verdicts, "STATES", tmp_path / "states.json")
+    [pair] = verdicts.long_pairs()
+    assert pair["pair"] == "xs-lr3e-3-s0-41.9M"
+    assert verdicts.restore_command(pair) == ("bash experiments/campaign/restore_states.sh "
+                                              "long/xs-lr3e-3-s0/cooldown/transformer-step004096/final "
+                                              "long/xs-lr3e-3-s0/cooldown/diff-step004096")
+    saved = tmp_path / "table5.json"
+    with pytest.raises(SystemExit, match="lacks its profile; restore its weights with: bash "):
+        with verdicts.needs_weights(pair):
+            verdicts.table5_record(pair, None, saved, 1)
+    cached = {arch: {"lambda": None, "top": [1.0]} for arch in ("transformer", "diff")}
+    saved.write_text(json.dumps(cached))
+    assert verdicts.table5_record(pair, None, saved, 1) == cached  # the cached profile serves without weights
 
 
 def mc_record(arch: str, task: str, share: float, seed: int, n: int = 200, bits: int = 16) -> dict:
@@ -313,6 +343,33 @@ def test_zeroshot_end_to_end_on_tiny_checkpoints(tmp_path):
     outputs.write_zeroshot(tmp_path, [v], lambda _: records)
     assert json.loads((tmp_path / "zeroshot.json").read_text())[0]["pair"] == "tiny"
     assert (tmp_path / "zeroshot.md").read_text().count("| tiny ") == 2
+
+
+def test_a_sweep_of_parked_weights_reuses_complete_records_and_refuses_new_cells(tmp_path):
+    import diffquant as dq
+    from diffquant.study.figure8 import WeightsParked, sweep_or_reuse, weights_here
+
+    from .conftest import tiny_config
+    from .helpers import randomize_
+
+    torch.manual_seed(1)
+    ckpts = [str(dq.save_checkpoint(randomize_(dq.build_model(tiny_config(arch, vocab_size=8192))), tmp_path / arch))
+             for arch in ("transformer", "diff")]
+    out = tmp_path / "f8.jsonl"
+    cells = {"bits": (16, 4), "tasks": ["tinystories"], "granularity": "head", "limit": 2}
+    assert len(missing_cells(ckpts, out, "attn_logits", **cells)) == 4  # nothing scored yet
+    sweep_or_reuse(ckpts, out, "attn_logits", batch_size=2, device="cpu", **cells)
+    scored = out.read_bytes()
+    assert missing_cells(ckpts, out, "attn_logits", **cells) == []
+    assert missing_cells(ckpts, out, "attn_logits", **{**cells, "granularity": "sequence"}) == [
+        (ckpts[0], 4, "tinystories"), (ckpts[1], 4, "tinystories")]  # 16 bits is shared by every granularity
+    (Path(ckpts[1]) / "model.safetensors").unlink()  # parked: config.json and the tokenizer stay
+    assert weights_here(ckpts[0]) and not weights_here(ckpts[1])
+    sweep_or_reuse(ckpts, out, "attn_logits", batch_size=2, device="cpu", **cells)  # complete: reused as is
+    assert out.read_bytes() == scored
+    with pytest.raises(WeightsParked, match="diff has no weights here .* lacks 2 of the pair's cells"):
+        sweep_or_reuse(ckpts, out, "attn_logits", batch_size=2, device="cpu", **{**cells, "bits": (16, 8, 4)})
+    assert out.read_bytes() == scored
 
 
 def test_diff_lambdas_are_each_layers_lambda_and_the_gate_table_gives_their_range():

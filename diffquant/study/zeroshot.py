@@ -8,10 +8,9 @@ from pathlib import Path
 from ..chance import PREDICTION, above_chance
 from ..kinds import ATTN_LOGITS
 from ..records import read_records
-from ..sweep import run_sweep
 from ..tables import render
 from .cells import fmt, yes_no
-from .figure8 import sweep_pair
+from .figure8 import sweep_or_reuse, sweep_pair
 
 log = logging.getLogger(__name__)
 
@@ -25,8 +24,8 @@ def zeroshot_pair(pair: dict, path: Path, tasks: dict[str, int | None] = ZEROSHO
                   device: str = "cpu") -> list[dict]:
     """Unquantized zero-shot records of every arm (resumable JSONL at ``path``), for :func:`zeroshot_verdict`."""
     for task, limit in tasks.items():
-        run_sweep(list(pair["checkpoints"].values()), path, ATTN_LOGITS, bits=(16,), tasks=[task], limit=limit,
-                  batch_size=batch_size, device=device, progress=False)
+        sweep_or_reuse(list(pair["checkpoints"].values()), path, ATTN_LOGITS, bits=(16,), tasks=[task], limit=limit,
+                       batch_size=batch_size, device=device)
     return read_records(path)
 
 

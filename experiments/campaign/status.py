@@ -31,7 +31,7 @@ def cooldown(run: Path, arch: str, step: int) -> tuple[str, int, int]:
     ``step``; both are read from the cooldown's own log (done) or resumable state (running), so no rule of
     cooldown.sh is restated."""
     out = run / "cooldown" / f"{arch}-step{step:06d}"
-    if (out / "final" / "model.safetensors").is_file():
+    if (out / "final" / "config.json").is_file():  # weights may be parked (states.json)
         state, record = "done", out / "train_log.json"
     elif (out / "state" / "trainer.json").is_file():
         state, record = "running", out / "state" / "trainer.json"

@@ -18,7 +18,10 @@ granularities on that text and on the held-out books (the first 48 windows of 51
 best-trained pairs are also scored zero-shot (diffquant.study.zeroshot.ZEROSHOT_TASKS) and swept only on the
 tasks where every arm is above chance (diffquant.chance; zeroshot.md). Each long run's tracked outliers are
 averaged in blocks of 8.39M tokens with the flattening rule of diffquant.emergence (emergence.md).
-Resumable: finished profiles and sweep cells are kept under --out and skipped on a rerun.
+Resumable: finished profiles and sweep cells are kept under --out and skipped on a rerun. The finals' weights
+(except the shipped pair's) are parked in main's history (experiments/campaign/states.json): a pair is found by its
+finals' config.json, and its cached records serve without the weights; a pair that needs new work names the
+restore_states.sh command that brings them back.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ import argparse
 import json
 import logging
 import re
+import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -38,7 +43,7 @@ from diffquant.emergence import block_means
 from diffquant.io import atomic_write_text
 from diffquant.plots import plot_tracked
 from diffquant.records import read_records
-from diffquant.study.figure8 import sweep_pair, sweep_path
+from diffquant.study.figure8 import WeightsParked, sweep_pair, sweep_path, weights_here
 from diffquant.study.outputs import write_emergence, write_outputs, write_zeroshot
 from diffquant.study.pair import tokens_label
 from diffquant.study.table5 import profile_pair
@@ -48,6 +53,7 @@ from diffquant.tokenizer import Tokenizer
 from diffquant.tracking import diff_lambdas
 
 REPO = Path(__file__).resolve().parents[2]
+STATES = REPO / "experiments/campaign/states.json"
 CORPUS = REPO / "experiments/corpus/stories260k-s0"
 SHORT_ROOTS = (REPO / "experiments/lr_sweep/runs", REPO / "experiments/campaign/short")
 REAL_ROOT = REPO / "experiments/campaign/realtext"
@@ -65,12 +71,25 @@ def rel(path: Path) -> str:
     return str(path.relative_to(REPO))
 
 
+def is_final(folder: Path) -> bool:
+    """A finished run's final checkpoint, its weights here or parked (config.json stays in the tree)."""
+    return (folder / "config.json").is_file()
+
+
+def restore_command(pair: dict) -> str:
+    """The restore_states.sh command that brings back the parked weights of ``pair``'s checkpoints."""
+    parked = [run for run, parts in json.loads(STATES.read_text())["runs"].items() for part in parts
+              for path in part["paths"] for ckpt in pair["checkpoints"].values()
+              if f"{ckpt}/model.safetensors".startswith(f"{run}/{path}")]
+    return "bash experiments/campaign/restore_states.sh " + " ".join(dict.fromkeys(parked))
+
+
 def short_pairs(lr: str = "1e-2", roots=SHORT_ROOTS, name: str = "xs", corpus: str = "") -> list[dict]:
     """Part 1's short protocol: every seed with a Transformer and another arm under ``roots``."""
     pairs = []
     for seed in range(10):
         ckpts = {arch: rel(final) for arch in ARCHS for root in roots
-                 if ((final := root / f"{arch}-lr{lr}-s{seed}" / "final") / "model.safetensors").is_file()}
+                 if is_final(final := root / f"{arch}-lr{lr}-s{seed}" / "final")}
         if "transformer" in ckpts and len(ckpts) > 1:
             budget = f"{tokens_label(SHORT_TOKENS)} @ lr {lr}{corpus}"
             pairs.append({"pair": f"{name}-lr{lr}-s{seed}", "run": f"{name}-lr{lr}-s{seed}", "preset": "xs",
@@ -106,7 +125,7 @@ def cooled_pair(run: Path, branch: str, ckpts: dict[str, Path], preset: str, see
                 what: str = "") -> dict | None:
     """The pair of a run's cooled branch (``stepN``) from the arms whose checkpoints exist, or None without a
     Transformer and another arm; ``what`` extends the budget label (an ablation is never pooled with others)."""
-    ckpts = {a: rel(p) for a, p in ckpts.items() if (p / "model.safetensors").is_file()}
+    ckpts = {a: rel(p) for a, p in ckpts.items() if is_final(p)}
     if "transformer" not in ckpts or len(ckpts) < 2:
         return None
     log = run / "cooldown" / f"{next(a for a in ckpts if a != 'transformer')}-{branch}" / "train_log.json"
@@ -141,7 +160,7 @@ def ablation_pairs() -> list[dict]:
         base = LONG_ROOT / named["base"]
         for branch in cooled_branches(run, "diff"):
             ckpts = {a: run / "cooldown" / f"{a}-{branch}" / "final" for a in ARCHS}
-            if not (ckpts["transformer"] / "model.safetensors").is_file():
+            if not is_final(ckpts["transformer"]):
                 ckpts["transformer"] = base / "cooldown" / f"transformer-{branch}" / "final"
             what = f", {ABLATIONS.get(named['ablation'], named['ablation'])}"
             pairs.append(cooled_pair(run, branch, ckpts, *run_parts(base), what=what))
@@ -182,13 +201,10 @@ def main() -> None:
     results, table5 = [], {}
     for pair in pairs:
         logging.info("pair %s: %s", pair["pair"], ", ".join(pair["checkpoints"]))
-        saved = out / "table5" / f"{pair['pair']}.json"
-        known = json.loads(saved.read_text()) if saved.is_file() else {}
-        if set(known) != set(pair["checkpoints"]):
-            known = profile_pair(pair, ids, SEQ_LEN, BATCH, args.profile_windows * SEQ_LEN, out=saved)
-        known = with_lambdas(known, pair, saved)
-        table5[pair["pair"]] = known
-        records = sweep_pair(pair, sweep_path(out, pair), tasks, batch_size=BATCH)
+        with needs_weights(pair):
+            known = table5_record(pair, ids, out / "table5" / f"{pair['pair']}.json", args.profile_windows)
+            table5[pair["pair"]] = known
+            records = sweep_pair(pair, sweep_path(out, pair), tasks, batch_size=BATCH)
         results.append(verdict(pair, known, records))
     write_outputs(out, results, table5)
     if not args.no_zeroshot:
@@ -207,12 +223,36 @@ def main() -> None:
             plot_tracked(logs, out / f"emergence-{pair['pair']}.png")
 
 
+def table5_record(pair: dict, ids, saved: Path, windows: int) -> dict[str, dict]:
+    """The pair's Table-5 profile: cached at ``saved``, or profiled now."""
+    known = json.loads(saved.read_text()) if saved.is_file() else {}
+    stale = set(known) != set(pair["checkpoints"]) or not all("lambda" in record for record in known.values())
+    if stale and (absent := [c for c in pair["checkpoints"].values() if not weights_here(REPO / c)]):
+        raise WeightsParked(f"{absent[0]} has no weights here (parked?) and {saved} lacks its profile")
+    if set(known) != set(pair["checkpoints"]):
+        known = profile_pair(pair, ids, SEQ_LEN, BATCH, windows * SEQ_LEN, out=saved)
+    return with_lambdas(known, pair, saved)
+
+
+@contextmanager
+def needs_weights(pair: dict):
+    """A pair whose work needs weights that are parked stops the script with one line that says how to restore
+    them (nothing is written for it)."""
+    try:
+        yield
+    except WeightsParked as error:
+        sys.exit(f"verdicts.py: pair {pair['pair']}: {error}; restore its weights with: {restore_command(pair)}")
+
+
 def zeroshot(out: Path, pairs: list[dict]) -> None:
     """The zero-shot tasks each pair answers above chance, and Figure 8 on those tasks only."""
     def path(name: str) -> Path:
         return out / "zeroshot" / f"{name}.jsonl"
 
-    verdicts = [zeroshot_check(pair, path(pair["pair"]), batch_size=BATCH) for pair in pairs]
+    verdicts = []
+    for pair in pairs:
+        with needs_weights(pair):
+            verdicts.append(zeroshot_check(pair, path(pair["pair"]), batch_size=BATCH))
     write_zeroshot(out, verdicts, lambda v: read_records(path(v["pair"])))
 
 

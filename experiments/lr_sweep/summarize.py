@@ -6,7 +6,8 @@ Per run: final validation loss on the real cased TinyStories text (the trainer's
 final checkpoint over the first 64 windows of 512 held-out tokens (attention-logit and hidden-state top-1 and
 median, where the top-1 sits). The teacher (stories260K) is scored on the same windows: the student-teacher gap.
 Writes lr_sweep.json (records), lr_sweep.md (table), lr_sweep.png (LR on the x axis) and emergence.png
-(tracked per-layer maxima against training tokens).
+(tracked per-layer maxima against training tokens). A run whose final weights are parked in main's history
+(experiments/campaign/states.json) keeps its record from the lr_sweep.json already there.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ from diffquant import load_checkpoint, profile  # noqa: E402
 from diffquant.checkpoint.gguf import stories260k_path, stories260k_tokenizer_path  # noqa: E402
 from diffquant.corpus import heldout_ids  # noqa: E402
 from diffquant.emergence import max_over_layers  # noqa: E402
+from diffquant.io import atomic_write_text  # noqa: E402
 from diffquant.quant import ActQuant, QuantConfig, quantize_model  # noqa: E402
+from diffquant.study.figure8 import weights_here  # noqa: E402
 from diffquant.study.gate import GATE_LOGIT_TOP1, GATE_PPL_FACTOR  # noqa: E402
 from diffquant.tokenizer import Tokenizer  # noqa: E402
 from diffquant.train import eval_windows, mean_loss  # noqa: E402
@@ -48,11 +51,16 @@ def logit4_loss(model, windows: torch.Tensor) -> float:
     return mean_loss(quantized, windows, 16, "cpu")
 
 
-def run_record(run: Path, windows: torch.Tensor) -> dict | None:
+def run_record(run: Path, windows: torch.Tensor, previous: dict[str, dict]) -> dict | None:
     m = RUN_NAME.match(run.name)
     log_file = run / "train_log.json"
     if not m or not log_file.is_file() or not (run / "final").is_dir():
         return None
+    if not weights_here(run / "final"):
+        if run.name not in previous:
+            raise SystemExit(f"{run}/final has no weights here and no earlier record: restore them with "
+                             f"bash experiments/campaign/restore_states.sh {run}/final")
+        return previous[run.name]
     log = json.loads(log_file.read_text())
     model = load_checkpoint(run / "final")
     rep = profile(model, list(windows[:PROFILE_WINDOWS, :-1].split(16)), sites=("attn_logits", "hidden"), topk=10,
@@ -181,21 +189,24 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     windows = heldout_windows()
-    records = [r for run in sorted(Path(args.runs).iterdir()) if run.is_dir() and (r := run_record(run, windows))]
+    out = Path(args.out)
+    saved = json.loads((out / "lr_sweep.json").read_text()) if (out / "lr_sweep.json").is_file() else {"runs": []}
+    previous = {r["run"]: r for r in saved["runs"]}
+    records = [r for run in sorted(Path(args.runs).iterdir())
+               if run.is_dir() and (r := run_record(run, windows, previous))]
     if not records:
         raise SystemExit(f"no finished runs under {args.runs}")
     diverged = sorted(f"{run.name} (step {log['history']['diverged_at']})" for run in Path(args.runs).iterdir()
                       if (run / "train_log.json").is_file()
                       and "diverged_at" in (log := json.loads((run / "train_log.json").read_text()))["history"])
     teacher = teacher_record(windows)
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "lr_sweep.json").write_text(json.dumps({"teacher": teacher, "runs": records, "diverged": diverged},
-                                                  indent=1))
+    atomic_write_text(out / "lr_sweep.json", json.dumps({"teacher": teacher, "runs": records, "diverged": diverged},
+                                                        indent=1))
     text = table(records, teacher) + "\n\n" + ratios(records) + "\n"
     if diverged:
         text += "\nDiverged (non-finite training loss): " + ", ".join(diverged) + "\n"
-    (out / "lr_sweep.md").write_text(text)
+    atomic_write_text(out / "lr_sweep.md", text)
     plot_lr(records, teacher, out / "lr_sweep.png")
     plot_emergence(records, out / "emergence.png")
     print(text)
