@@ -1,17 +1,20 @@
 """Main's tree stays light (issue 39): no tracked file over 5 MB under experiments/ beyond a shrinking allow-list,
-and the tracked tree under a ceiling that only moves down (the goal is 100 MB). Resumable states, branches and
-snapshots belong in history, parked with experiments/campaign/park_states.sh, not in the tree."""
+the tracked tree under a ceiling that only moves down, and a `git clone --depth 1` of it under 100 MB on disk.
+Resumable states, branches, snapshots and the finals' weights (all but the shipped pair's) belong in history,
+parked with experiments/campaign/park_states.sh, not in the tree."""
 
 import shutil
 import subprocess
+import zlib
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 FILE_LIMIT = 5_000_000
-GOAL_BYTES = 100_000_000  # issue 39: a shallow clone of main under 100 MB
-CEILING_BYTES = GOAL_BYTES  # reached: new runs commit finals, logs and records only (park the rest)
+GOAL_BYTES = 100_000_000  # issue 39: a shallow clone of main under 100 MB on disk
+CEILING_BYTES = 65_000_000  # the tree (61.3 MB when the finals' weights were parked); its clone measured 87.6 MB
+GIT_OVERHEAD_BYTES = 1_000_000  # a clone's .git beside its pack (index, hooks, config): 0.5 MB measured
 ALLOWED_LARGE: set[str] = set()  # files over the limit still in the tree: none (checkpoints over 5 MB are parked)
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None or not (ROOT / ".git").exists(),
@@ -37,3 +40,13 @@ def test_tree_under_its_ceiling():
     total = sum(sizes.values())
     biggest = ", ".join(f"{p} ({n / 1e6:.1f} MB)" for p, n in sorted(sizes.items(), key=lambda kv: -kv[1])[:5])
     assert total <= CEILING_BYTES, f"tree {total / 1e6:.1f} MB > {CEILING_BYTES / 1e6:.0f} MB; largest: {biggest}"
+
+
+def test_a_shallow_clone_under_the_goal():
+    """A depth-1 clone holds each file twice: checked out, and zlib-compressed in its pack (git's default level;
+    without the deltas git may find, an upper bound: 87.1 MB estimated for 87.6 MB measured with .git's rest)."""
+    sizes = tracked_sizes()
+    packed = sum(len(zlib.compress((ROOT / p).read_bytes(), 6)) for p in sizes)
+    clone = sum(sizes.values()) + packed + GIT_OVERHEAD_BYTES
+    assert clone <= GOAL_BYTES, (f"a depth-1 clone would take about {clone / 1e6:.1f} MB on disk: park finals' "
+                                 "weights or states (experiments/README.md)")
