@@ -135,3 +135,28 @@ def test_parts_tracked_in_the_tree_and_parked_again(origin, tmp_path):
             assert (clone / RUN / rel).read_bytes() == data
     listing = script(clone, "restore_states.sh", "--list").stdout.splitlines()
     assert len(listing) == 2 and all(line.startswith(RUN) for line in listing)
+
+
+def test_a_finals_weights_are_parked_under_its_folder_and_finals_restores_every_one(origin, tmp_path):
+    repo, _ = origin
+    final = f"{RUN}/cooldown/diff-step000004/final"
+    (repo / final).mkdir(parents=True)
+    weights = os.urandom(2048)
+    (repo / final / "model.safetensors").write_bytes(weights)
+    (repo / final / "config.json").write_text("{}")
+    git(repo, "add", f"{final}/config.json")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "a final")
+    assert f"{final}/model.safetensors" not in git(repo, "ls-files")  # .gitignore: a final's weights are parked
+    done = script(repo, "park_states.sh", final, "model.safetensors")
+    assert done.returncode == 0, done.stderr
+    assert f"{final}/config.json" in git(repo, "ls-files") and f"{final}/model.safetensors" not in git(repo, "ls-files")
+
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", "--depth", "1", "--single-branch", f"file://{repo}", str(clone)],
+                   check=True)
+    done = script(clone, "restore_states.sh", "--finals")
+    assert done.returncode == 0, done.stderr
+    assert (clone / final / "model.safetensors").read_bytes() == weights
+    assert not (clone / RUN / "diff" / "state").exists()  # only finals: the run's states stay parked
+    again = script(clone, "restore_states.sh", "--finals")
+    assert again.returncode == 0 and again.stdout.strip() == "every parked final is here"

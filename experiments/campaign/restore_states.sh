@@ -4,6 +4,8 @@
 # `git clone --depth 1` of main: the one commit that holds them is fetched alone from origin (depth 1) when it is
 # not already here. The paths stay ignored by git; nothing that exists is overwritten.
 #   bash experiments/campaign/restore_states.sh RUN [RUN ...]     RUN: a run folder as named in states.json
+#   bash experiments/campaign/restore_states.sh --finals   every parked final's weights that are not here (what
+#                                                          recomputing the verdicts from scratch needs)
 #   bash experiments/campaign/restore_states.sh --list
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
@@ -16,6 +18,14 @@ if [ "${1:-}" = "--list" ]; then
 for run, parts in json.load(sys.stdin).items():
     for p in parts: print(run, p["commit"][:9], " ".join(p["paths"]), "--", p.get("note", ""))'
   exit 0
+fi
+if [ "${1:-}" = "--finals" ]; then
+  mapfile -t finals < <(runs_json | python3 -c 'import json, os, sys
+for run, parts in json.load(sys.stdin).items():
+    if run.endswith("/final") and not all(os.path.exists(f"{run}/{p}") for part in parts for p in part["paths"]):
+        print(run)')
+  [ ${#finals[@]} -gt 0 ] || { echo "every parked final is here"; exit 0; }
+  set -- "${finals[@]}"
 fi
 [ $# -gt 0 ] || die "name a run (--list shows them)"
 for run in "$@"; do
