@@ -36,7 +36,7 @@ def sweep_or_reuse(checkpoints: list[str], path: Path, target: str, batch_size: 
     elif missing := missing_cells(checkpoints, path, target, **cells):
         ckpt, bits, task = missing[0]
         raise WeightsParked(f"{absent[0]} has no weights here (parked?) and {path} lacks {len(missing)} of the "
-                                f"pair's cells ({ckpt}, {bits} bits, {task} first)")
+                            f"pair's cells ({ckpt}, {bits} bits, {task} first)")
 
 
 def weights_here(checkpoint: str | Path) -> bool:
