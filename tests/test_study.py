@@ -347,7 +347,8 @@ def test_zeroshot_end_to_end_on_tiny_checkpoints(tmp_path):
 
 def test_a_sweep_of_parked_weights_reuses_complete_records_and_refuses_new_cells(tmp_path):
     import diffquant as dq
-    from diffquant.study.figure8 import WeightsParked, sweep_or_reuse, weights_here
+    from diffquant.checkpoint.files import WeightsParked, parked_weights, weights_here
+    from diffquant.study.figure8 import sweep_or_reuse
 
     from .conftest import tiny_config
     from .helpers import randomize_
@@ -365,6 +366,8 @@ def test_a_sweep_of_parked_weights_reuses_complete_records_and_refuses_new_cells
         (ckpts[0], 4, "tinystories"), (ckpts[1], 4, "tinystories")]  # 16 bits is shared by every granularity
     (Path(ckpts[1]) / "model.safetensors").unlink()  # parked: config.json and the tokenizer stay
     assert weights_here(ckpts[0]) and not weights_here(ckpts[1])
+    relative = [str(Path(c).relative_to(tmp_path)) for c in ckpts]
+    assert parked_weights(ckpts) == [ckpts[1]] and parked_weights(relative, tmp_path) == ["diff"]
     sweep_or_reuse(ckpts, out, "attn_logits", batch_size=2, device="cpu", **cells)  # complete: reused as is
     assert out.read_bytes() == scored
     with pytest.raises(WeightsParked, match="diff has no weights here .* lacks 2 of the pair's cells"):

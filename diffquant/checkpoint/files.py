@@ -6,6 +6,8 @@
 * :func:`read_header` / :func:`read_tensors`: safetensors files checked against their size before any data is
   read, and NaN/Inf refused after; :func:`check_header` / :func:`check_shapes`: names and shapes against what
   a config expects; :func:`read_json`: a JSON object file; :func:`refuse_pickle`: no pickle anywhere.
+* :func:`parked_weights` / :class:`WeightsParked`: checkpoints whose weights are not here (a final whose weights
+  are parked in history keeps only its config and tokenizer).
 """
 
 from __future__ import annotations
@@ -39,6 +41,21 @@ MAX_HEADER_BYTES = 100 << 20  # safetensors' own limit
 _ITEM_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I64": 8, "I32": 4, "I16": 2,
                "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1}
 FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
+
+
+class WeightsParked(FileNotFoundError):
+    """Work that needs a checkpoint's weights, which are not here (parked in history)."""
+
+
+def weights_here(checkpoint: str | Path) -> bool:
+    """A checkpoint file, or a folder with its safetensors."""
+    path = Path(checkpoint)
+    return path.is_file() or any(path.glob("*.safetensors"))
+
+
+def parked_weights(checkpoints, root: str | Path = ".") -> list[str]:
+    """The ``checkpoints`` (paths, relative to ``root`` unless absolute) whose weights are not here, as given."""
+    return [str(c) for c in checkpoints if not weights_here(Path(root) / c)]
 
 
 # ---------------------------------------------------------------------------------------------------- writing

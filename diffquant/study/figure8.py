@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..checkpoint.files import WeightsParked, parked_weights
 from ..kinds import ATTN_LOGITS, SEQUENCE
 from ..records import read_records
 from ..report import render_report
@@ -23,26 +24,16 @@ def sweep_pair(pair: dict, path: Path, tasks: dict[str, int | None], batch_size:
     return read_records(path)
 
 
-class WeightsParked(FileNotFoundError):
-    """Work that needs a checkpoint's weights, which are not here (parked in history)."""
-
-
 def sweep_or_reuse(checkpoints: list[str], path: Path, target: str, batch_size: int, device: str, **cells) -> None:
     """:func:`~diffquant.sweep.run_sweep` (which skips the cells ``path`` holds) while every checkpoint's weights
     are here; with some parked in history, the records must already hold every cell, or :class:`WeightsParked`."""
-    absent = [c for c in checkpoints if not weights_here(c)]
+    absent = parked_weights(checkpoints)
     if not absent:
         run_sweep(checkpoints, path, target, batch_size=batch_size, device=device, progress=False, **cells)
     elif missing := missing_cells(checkpoints, path, target, **cells):
         ckpt, bits, task = missing[0]
         raise WeightsParked(f"{absent[0]} has no weights here (parked?) and {path} lacks {len(missing)} of the "
                             f"pair's cells ({ckpt}, {bits} bits, {task} first)")
-
-
-def weights_here(checkpoint: str | Path) -> bool:
-    """A checkpoint file, or a folder with its safetensors (a parked final keeps only config and tokenizer)."""
-    path = Path(checkpoint)
-    return path.is_file() or any(path.glob("*.safetensors"))
 
 
 def sweep_path(out: Path, pair: dict) -> Path:

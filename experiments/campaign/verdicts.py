@@ -37,13 +37,14 @@ from pathlib import Path
 import torch
 
 from diffquant.checkpoint import load_checkpoint
+from diffquant.checkpoint.files import WeightsParked, parked_weights
 from diffquant.config import ARCHS
 from diffquant.corpus import heldout_ids
 from diffquant.emergence import block_means
 from diffquant.io import atomic_write_text
 from diffquant.plots import plot_tracked
 from diffquant.records import read_records
-from diffquant.study.figure8 import WeightsParked, sweep_pair, sweep_path, weights_here
+from diffquant.study.figure8 import sweep_pair, sweep_path
 from diffquant.study.outputs import write_emergence, write_outputs, write_zeroshot
 from diffquant.study.pair import tokens_label
 from diffquant.study.table5 import profile_pair
@@ -227,7 +228,7 @@ def table5_record(pair: dict, ids, saved: Path, windows: int) -> dict[str, dict]
     """The pair's Table-5 profile: cached at ``saved``, or profiled now."""
     known = json.loads(saved.read_text()) if saved.is_file() else {}
     stale = set(known) != set(pair["checkpoints"]) or not all("lambda" in record for record in known.values())
-    if stale and (absent := [c for c in pair["checkpoints"].values() if not weights_here(REPO / c)]):
+    if stale and (absent := parked_weights(pair["checkpoints"].values(), REPO)):
         raise WeightsParked(f"{absent[0]} has no weights here (parked?) and {saved} lacks its profile")
     if set(known) != set(pair["checkpoints"]):
         known = profile_pair(pair, ids, SEQ_LEN, BATCH, windows * SEQ_LEN, out=saved)

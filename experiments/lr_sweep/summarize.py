@@ -26,12 +26,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
 from diffquant import load_checkpoint, profile  # noqa: E402
+from diffquant.checkpoint.files import weights_here  # noqa: E402
 from diffquant.checkpoint.gguf import stories260k_path, stories260k_tokenizer_path  # noqa: E402
 from diffquant.corpus import heldout_ids  # noqa: E402
 from diffquant.emergence import max_over_layers  # noqa: E402
 from diffquant.io import atomic_write_text  # noqa: E402
 from diffquant.quant import ActQuant, QuantConfig, quantize_model  # noqa: E402
-from diffquant.study.figure8 import weights_here  # noqa: E402
 from diffquant.study.gate import GATE_LOGIT_TOP1, GATE_PPL_FACTOR  # noqa: E402
 from diffquant.tokenizer import Tokenizer  # noqa: E402
 from diffquant.train import eval_windows, mean_loss  # noqa: E402
