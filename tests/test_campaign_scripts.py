@@ -16,7 +16,7 @@ while [ $# -gt 0 ]; do
   case $1 in --out) out=$2; shift ;; --branch-from) branch=$2; shift ;; esac
   shift
 done
-mkdir -p "$out/final" && touch "$out/final/model.safetensors"
+mkdir -p "$out/final" && touch "$out/final/model.safetensors" "$out/final/config.json"
 [ -n "${branch:-}" ] || mkdir -p "$out/branches/step004096"  # a stable run keeps its branch
 """
 
@@ -91,6 +91,19 @@ def test_long_run_stops_both_arms_at_the_step_asked(tmp_path):
     calls = run_script(tmp_path, "long.sh", UNTIL="16384")
     assert len(calls) == 2 and all(option(c, "--stop-at") == "16384" for c in calls)
     assert all(option(c, "--tokens") == "251658240" for c in calls)  # the schedule stays the full run's
+
+
+def test_a_final_whose_weights_are_parked_is_done_and_not_trained_again(tmp_path):
+    """A parked final keeps config.json without model.safetensors (experiments/campaign/states.json): neither the
+    stable run nor a cooldown of a restored branch trains it again."""
+    assert len(run_script(tmp_path, "ablation.sh", ABLATION="lambda0.8")) == 2  # the stable run and its cooldown
+    cooled = tmp_path / "run" / "cooldown" / "diff-step004096" / "final"
+    for final in (tmp_path / "run" / "diff" / "final", cooled):
+        (final / "model.safetensors").unlink()
+    assert len(run_script(tmp_path, "ablation.sh", ABLATION="lambda0.8")) == 2  # no new call
+    (cooled / "config.json").unlink()  # no final at all: the cooldown runs again
+    assert [c[-2:] for c in run_script(tmp_path, "ablation.sh", ABLATION="lambda0.8")[2:]] == [
+        ["--branch-from", str(tmp_path / "run" / "diff" / "branches" / "step004096")]]
 
 
 def fake_arm(run: Path, arch: str, step: int, branches: dict[int, str]) -> None:

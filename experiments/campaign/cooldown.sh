@@ -20,7 +20,7 @@ read -ra extra <<< "${EXTRA:-}"  # more train options, as given to long.sh
 cool() {  # one arm's cooldown from branch $2 (step $3)
   local arch=$1 name=$2 step=$3
   local src=$RUN/$arch/branches/$name out=$RUN/cooldown/$arch-$name
-  [ -d "$src" ] && [ ! -f "$out/final/model.safetensors" ] || return 0
+  [ -d "$src" ] && [ ! -f "$out/final/config.json" ] || return 0
   local resume=(--branch-from "$src"); [ -f "$out/state/trainer.json" ] && resume=(--resume)
   mkdir -p "$RUN/cooldown"
   nice -n "${NICE:-5}" "$DQ" train --arch "$arch" --preset "$PRESET" --data experiments/corpus/stories260k-s0 \

@@ -22,7 +22,7 @@ stop=(); [ -n "${UNTIL:-}" ] && stop=(--stop-at "$UNTIL")
 mkdir -p "$RUN"
 for arch in ${ARMS:-transformer diff}; do
   out=$RUN/$arch
-  [ -f "$out/final/model.safetensors" ] && continue
+  [ -f "$out/final/config.json" ] && continue
   resume=(); [ -f "$out/state/trainer.json" ] && resume=(--resume)
   nice -n "${NICE:-15}" "$DQ" train --arch "$arch" --preset "$PRESET" --data experiments/corpus/stories260k-s0 \
     --tokens "${TOKENS:-251658240}" --out "$out" --batch-size 16 --seq-len 512 --recipe stories260k --lr "$LR" \

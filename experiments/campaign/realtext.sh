@@ -14,7 +14,7 @@ RUNS=experiments/campaign/realtext
 mkdir -p "$RUNS"
 for arch in transformer diff; do
   out=$RUNS/$arch-lr1e-2-s0
-  [ -f "$out/final/model.safetensors" ] && continue
+  [ -f "$out/final/config.json" ] && continue
   resume=(); [ -f "$out/state/trainer.json" ] && resume=(--resume)
   nice -n "${NICE:-10}" "$DQ" train --arch "$arch" --preset xs --data "$CORPUS" --tokens 6029312 --out "$out" \
     --batch-size 16 --seq-len 512 --recipe stories260k --lr 1e-2 --seed 0 --schedule wsd --cooldown-frac 0.2 \

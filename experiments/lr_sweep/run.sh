@@ -23,7 +23,7 @@ for seed in ${SEEDS:-0 1}; do
     for arch in ${ARCHS:-transformer diff}; do
       name=$arch-lr$lr-s$seed
       out=$RUNS/$name
-      [ -f "$out/final/model.safetensors" ] && continue
+      [ -f "$out/final/config.json" ] && continue
       mkdir "$CLAIMS/$name" 2>/dev/null || continue  # another worker has it
       resume=(); [ -f "$out/state/trainer.json" ] && resume=(--resume)
       echo "$(date -u +%H:%M:%S) start: $out ${resume[*]}"
