@@ -6,8 +6,8 @@
 * :func:`read_header` / :func:`read_tensors`: safetensors files checked against their size before any data is
   read, and NaN/Inf refused after; :func:`check_header` / :func:`check_shapes`: names and shapes against what
   a config expects; :func:`read_json`: a JSON object file; :func:`refuse_pickle`: no pickle anywhere.
-* :func:`parked_weights` / :class:`WeightsParked`: checkpoints whose weights are not here (a final whose weights
-  are parked in history keeps only its config and tokenizer).
+* :func:`weights_here` / :func:`parked_weights` / :class:`WeightsParked`: checkpoints whose weights are not here
+  (a final whose weights are parked in history keeps only its config and tokenizer).
 """
 
 from __future__ import annotations
@@ -44,7 +44,11 @@ FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
 
 
 class WeightsParked(FileNotFoundError):
-    """Work that needs a checkpoint's weights, which are not here (parked in history)."""
+    """Work that needs a checkpoint's weights, which are not here (parked in history); ``lacking`` says what the
+    cached records lack that the weights would give."""
+
+    def __init__(self, checkpoint: str, lacking: str):
+        super().__init__(f"{checkpoint} has no weights here (parked?) and {lacking}")
 
 
 def weights_here(checkpoint: str | Path) -> bool:

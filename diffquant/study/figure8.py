@@ -32,8 +32,8 @@ def sweep_or_reuse(checkpoints: list[str], path: Path, target: str, batch_size: 
         run_sweep(checkpoints, path, target, batch_size=batch_size, device=device, progress=False, **cells)
     elif missing := missing_cells(checkpoints, path, target, **cells):
         ckpt, bits, task = missing[0]
-        raise WeightsParked(f"{absent[0]} has no weights here (parked?) and {path} lacks {len(missing)} of the "
-                            f"pair's cells ({ckpt}, {bits} bits, {task} first)")
+        raise WeightsParked(absent[0], f"{path} lacks {len(missing)} of the pair's cells ({ckpt}, {bits} bits, "
+                                       f"{task} first)")
 
 
 def sweep_path(out: Path, pair: dict) -> Path:

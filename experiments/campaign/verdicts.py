@@ -229,7 +229,7 @@ def table5_record(pair: dict, ids, saved: Path, windows: int) -> dict[str, dict]
     known = json.loads(saved.read_text()) if saved.is_file() else {}
     stale = set(known) != set(pair["checkpoints"]) or not all("lambda" in record for record in known.values())
     if stale and (absent := parked_weights(pair["checkpoints"].values(), REPO)):
-        raise WeightsParked(f"{absent[0]} has no weights here (parked?) and {saved} lacks its profile")
+        raise WeightsParked(absent[0], f"{saved} lacks its profile")
     if set(known) != set(pair["checkpoints"]):
         known = profile_pair(pair, ids, SEQ_LEN, BATCH, windows * SEQ_LEN, out=saved)
     return with_lambdas(known, pair, saved)
