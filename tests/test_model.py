@@ -267,6 +267,30 @@ def test_kv_cache_decoding_equals_full_forward(arch, impl, kv):
         model(torch.zeros(3, 44, dtype=torch.long), cache)
 
 
+@pytest.mark.parametrize("heads, kv_heads, value_width", [(8, 8, 8), (8, 4, 8), (16, 8, 16), (6, 2, 16)])
+def test_a_decoding_step_matches_a_per_head_float64_reference(heads, kv_heads, value_width, monkeypatch):
+    """One query that sees every cached key takes the two-matmul path on the CPU; it equals softmax(q·kᵀ)·v computed
+    head by head, and the padded sdpa kernel it replaces."""
+    from diffquant import model as model_module
+
+    batch, keys, width = 3, 37, 8
+    q = torch.randn(batch, heads, 1, width, dtype=torch.float64)
+    k = torch.randn(batch, kv_heads, keys, width, dtype=torch.float64)
+    v = torch.randn(batch, kv_heads, keys, value_width, dtype=torch.float64)
+    scale = width ** -0.5
+    reference = torch.stack([torch.softmax(q[:, h] @ k[:, h * kv_heads // heads].transpose(-1, -2) * scale, -1)
+                             @ v[:, h * kv_heads // heads] for h in range(heads)], dim=1)
+    calls, one_query = [], model_module._one_query
+    monkeypatch.setattr(model_module, "_one_query", lambda *a: calls.append(1) or one_query(*a))
+    out = model_module._sdpa(q, k, v, scale, keys - 1)
+    assert calls and out.shape == (batch, heads, 1, value_width)
+    assert (out - reference).abs().max() <= 1e-13 * reference.abs().max()
+    kernel = model_module._sdpa_kernel(q, k, v, scale, keys - 1)
+    assert (out - kernel).abs().max() <= 1e-13 * kernel.abs().max()
+    model_module._sdpa(q, k[:, :, :-1], v[:, :, :-1], scale, keys - 3)  # a query that sees all but the last key
+    assert len(calls) == 1
+
+
 def test_dropping_rows_from_the_cache_keeps_the_others(tiny):
     from diffquant.model import KVCache
 
