@@ -182,3 +182,32 @@ def test_cli_corpus_run_with_a_teacher_logs_its_memorisation_check(tmp_path, cap
     assert memo["note"] == "fixed corpus" and memo["steps"] == check_steps(8)
     assert memo["train_windows"] == memo["fresh_windows"] == 8 * 4 and memo["tokens_per_window"] == 32
     assert "streamed" not in log["data"] and log["data"]["corpus"] == str(corpus)
+
+
+def test_memorisation_measured_after_training_equals_the_check_training_logs(tmp_path):
+    """experiments/memorisation.py on a corpus run trained without a teacher gives the check that the same run,
+    trained with --teacher, logged; gate.md reads it from beside the log."""
+    import json
+    from pathlib import Path
+
+    from diffquant.study.memorisation import MEASURED_FILE, memorisation_of
+
+    from .helpers import load_script
+
+    repo = Path(__file__).resolve().parents[1]
+    train = ["train", "--arch", "diff", "--preset", "xs", "--tokens", "1024", "--batch-size", "4", "--seq-len", "32",
+             "--warmup-steps", "2", "--eval-tokens", "256", "--threads", "1", "--seed", "3",
+             "--data", str(repo / "experiments" / "corpus" / "stories260k-s0")]
+    teacher = str(stories260k_path())
+    assert main([*train, "--teacher", teacher, "--stream-block-tokens", "256", "--out", str(tmp_path / "logged")]) == 0
+    assert main([*train, "--out", str(tmp_path / "plain")]) == 0
+    script = load_script(repo / "experiments" / "memorisation.py")
+    records = script.main([str(tmp_path / "plain"), str(tmp_path / "logged"), "--teacher", teacher, "--draw", "8"])
+    assert list(records) == [str(tmp_path / "plain")]  # the other's log has the check already
+    logged = json.loads((tmp_path / "logged" / "train_log.json").read_text())["memorisation"]
+    measured = json.loads((tmp_path / "plain" / MEASURED_FILE).read_text())
+    assert measured["steps"] == logged["steps"] and measured["fresh_windows"] == logged["fresh_windows"] == 32
+    for key in ("gap", "fresh_loss", "train_loss"):  # training checked its float32 model; the final is float16
+        assert measured[key] == pytest.approx(logged[key], abs=1e-4), key
+    memo = memorisation_of({"train_logs": {"diff": str(tmp_path / "plain" / "train_log.json")}})
+    assert memo["diff"]["gap"] == measured["gap"] and memo["diff"]["streamed"] is False

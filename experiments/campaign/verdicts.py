@@ -18,6 +18,8 @@ granularities on that text and on the held-out books (the first 48 windows of 51
 best-trained pairs are also scored zero-shot (diffquant.study.zeroshot.ZEROSHOT_TASKS) and swept only on the
 tasks where every arm is above chance (diffquant.chance; zeroshot.md). Each long run's tracked outliers are
 averaged in blocks of 8.39M tokens with the flattening rule of diffquant.emergence (emergence.md).
+Each arm's memorisation check (gate.md's last column) is read from its train log or from the
+``memorisation.json`` that experiments/memorisation.py measures beside it.
 Resumable: finished profiles and sweep cells are kept under --out and skipped on a rerun. The finals' weights
 (except the shipped pair's) are parked in main's history (experiments/campaign/states.json): a pair is found by its
 finals' config.json, and its cached records serve without the weights; a pair that needs new work names the
@@ -168,6 +170,12 @@ def ablation_pairs() -> list[dict]:
     return [p for p in pairs if p]
 
 
+def with_train_logs(pair: dict) -> dict:
+    """The pair with each arm's train log, where ``gate.md`` reads its memorisation check."""
+    return {**pair, "train_logs": {arch: str(Path(path).parent / "train_log.json")
+                                   for arch, path in pair["checkpoints"].items()}}
+
+
 def with_lambdas(known: dict[str, dict], pair: dict, saved: Path) -> dict[str, dict]:
     """Table-5 records saved before Diff's λ was recorded get it from their checkpoints (no new profile)."""
     if all("lambda" in record for record in known.values()):
@@ -197,7 +205,7 @@ def main() -> None:
     out = Path(args.out)
     ids = heldout_ids(Tokenizer.load(CORPUS / "tokenizer.model"))
     tasks = {"tinystories": args.windows, "test": args.windows}
-    pairs = [p for p in short_pairs() + long_pairs() + real_pairs() + ablation_pairs()
+    pairs = [with_train_logs(p) for p in short_pairs() + long_pairs() + real_pairs() + ablation_pairs()
              if args.only is None or args.only in p["pair"]]
     results, table5 = [], {}
     for pair in pairs:
