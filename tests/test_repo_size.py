@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 FILE_LIMIT = 5_000_000
 GOAL_BYTES = 100_000_000  # issue 39: a shallow clone of main under 100 MB on disk
-CEILING_BYTES = 65_000_000  # the tree (61.3 MB when the finals' weights were parked); its clone measured 87.6 MB
+CEILING_BYTES = 62_000_000  # the tree: 59.1 MB once table5 records were written one line per arm
 GIT_OVERHEAD_BYTES = 1_000_000  # a clone's .git beside its pack (index, hooks, config): 0.5 MB measured
 ALLOWED_LARGE: set[str] = set()  # files over the limit still in the tree: none (checkpoints over 5 MB are parked)
 

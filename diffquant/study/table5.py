@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
 from ..arches import ArchColumn
 from ..checkpoint import load_checkpoint
-from ..io import atomic_write_text
+from ..io import atomic_write_text, compact_json_object
 from ..kinds import ATTN_LOGITS, HIDDEN
 from ..profile import profile, token_batches
 from ..tables import outlier_table, ratio_table, render
@@ -30,7 +29,7 @@ def profile_pair(pair: dict, ids: np.ndarray, seq_len: int, batch_size: int, max
                          progress=False)
         records[arch] = {**report.data, "train_tokens": pair["tokens"], "lambda": diff_lambdas(model)}
     if out is not None:
-        atomic_write_text(Path(out), json.dumps(records, indent=1))
+        atomic_write_text(Path(out), compact_json_object(records))  # one line per arm: ~35% smaller than indented
     return records
 
 

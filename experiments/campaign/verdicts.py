@@ -43,7 +43,7 @@ from diffquant.checkpoint.files import WeightsParked, parked_weights
 from diffquant.config import ARCHS
 from diffquant.corpus import heldout_ids
 from diffquant.emergence import block_means
-from diffquant.io import atomic_write_text
+from diffquant.io import atomic_write_text, compact_json_object
 from diffquant.plots import plot_tracked
 from diffquant.records import read_records
 from diffquant.study.figure8 import sweep_pair, sweep_path
@@ -182,7 +182,7 @@ def with_lambdas(known: dict[str, dict], pair: dict, saved: Path) -> dict[str, d
         return known
     known = {arch: {**record, "lambda": diff_lambdas(load_checkpoint(REPO / pair["checkpoints"][arch]))}
              for arch, record in known.items()}
-    atomic_write_text(saved, json.dumps(known, indent=1))
+    atomic_write_text(saved, compact_json_object(known))
     return known
 
 
