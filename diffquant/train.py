@@ -139,6 +139,11 @@ def batch_at(data: np.ndarray, step: int, cfg: TrainConfig) -> tuple[torch.Tenso
     return xy[:, :-1], xy[:, 1:]
 
 
+def corpus_windows(data: np.ndarray, steps: list[int], cfg: TrainConfig) -> np.ndarray:
+    """The windows (seq_len + 1 tokens each) that training read from a corpus at ``steps``, one row each."""
+    return np.concatenate([torch.cat([x, y[:, -1:]], 1).numpy() for x, y in (batch_at(data, s, cfg) for s in steps)])
+
+
 def training_batch(data: np.ndarray | TokenStream, step: int, cfg: TrainConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """Step ``step``'s batch: random windows of a fixed corpus, or a streamed teacher's windows of that step."""
     return data.batch(step) if isinstance(data, TokenStream) else batch_at(data, step, cfg)
@@ -536,11 +541,7 @@ def _memorisation(model: LM, train_data, fresh: TokenStream | None, cfg: TrainCo
     source = train_data if streamed else fresh
     if source is None:
         return None
-    if streamed:
-        trained = train_data.trained_windows(steps)
-    else:
-        trained = np.concatenate([torch.cat([x, y[:, -1:]], 1).numpy()
-                                  for x, y in (batch_at(train_data, s, cfg) for s in steps)])
+    trained = train_data.trained_windows(steps) if streamed else corpus_windows(train_data, steps, cfg)
     result = memorisation_check(model, trained, source.fresh_windows(len(trained)), cfg.batch_size, cfg.device,
                                 cfg.bf16)
     log.info("memorisation: fresh − training loss %.4f ± %.4f nats/token", result["gap"], result["se"] or 0)

@@ -28,7 +28,7 @@ from diffquant.corpus import file_sha256, load_corpus
 from diffquant.io import dump_json
 from diffquant.stream import DEFAULT_DRAW_BATCH, TokenStream, check_steps, memorisation_check
 from diffquant.study.memorisation import MEASURED_FILE
-from diffquant.train import TrainConfig, batch_at
+from diffquant.train import TrainConfig, corpus_windows
 
 log = logging.getLogger("memorisation")
 
@@ -37,8 +37,7 @@ def trained_windows(log_record: dict) -> tuple[np.ndarray, TrainConfig]:
     known = set(TrainConfig.__dataclass_fields__)
     cfg = TrainConfig(**{k: v for k, v in log_record["train_config"].items() if k in known and k != "snapshots"})
     corpus = load_corpus(log_record["data"]["corpus"], vocab_size=log_record["model_config"]["vocab_size"]).ids
-    batches = (batch_at(corpus, step, cfg) for step in check_steps(cfg.steps))
-    return np.concatenate([torch.cat([x, y[:, -1:]], 1).numpy() for x, y in batches]), cfg
+    return corpus_windows(corpus, check_steps(cfg.steps), cfg), cfg
 
 
 def why_skipped(log_record: dict, teacher_sha256: str) -> str | None:
