@@ -97,7 +97,6 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         register()
-        from lm_eval.__main__ import cli_evaluate
     except ImportError as exc:
         sys.stderr.write(f"diffquant.lmeval: error: {exc}\n")
         return 2
@@ -106,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     saved = sys.argv
     sys.argv = ["lm_eval", *argv]  # lm-eval's parser reads sys.argv itself
     try:
-        cli_evaluate()
+        _run_lm_eval()
     except SystemExit as exc:  # argparse and lm-eval exit this way
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except (ValueError, TypeError, OSError) as exc:  # bad --model_args and the like: one line, no traceback
@@ -187,6 +186,47 @@ def _load_model(pretrained, quant, device: str, calib_tokens: int, seed: int, to
     return quantize_model(model, config, calib=calib)
 
 
+def checked_quant(pretrained, quant, quant_args: dict):
+    """The QuantConfig of DiffquantLM's arguments (None: unquantized), or a ValueError naming what is wrong with them.
+
+    ``quant_args`` are the arguments beyond DiffquantLM's named ones: only :data:`QUANT_ARGS` may be among them.
+    """
+    if pretrained is None:
+        raise ValueError("DiffquantLM needs pretrained= (a checkpoint path or a model)")
+    unknown = sorted(set(quant_args) - set(QUANT_ARGS))
+    if unknown:
+        raise ValueError(f"unknown model_args {', '.join(unknown)}; DiffquantLM takes pretrained, tokenizer, "
+                         f"quant, {', '.join(QUANT_ARGS)}, bos, max_length, calib_tokens, seed")
+    return quant_from_args(quant, **quant_args)
+
+
+def _check_model_args(model_args: dict) -> None:
+    """``--model diffquant``'s ``--model_args`` checked as DiffquantLM will check them: lm-eval builds the model only
+    after indexing its ~14K task files (15–40 s here), so a typo would otherwise cost that long to report."""
+    import inspect
+
+    named = set(inspect.signature(lm_class().__init__).parameters) - {"self", "kwargs"}
+    rest = {k: v for k, v in model_args.items() if k not in named}
+    checked_quant(model_args.get("pretrained"), model_args.get("quant"), rest)
+
+
+def _run_lm_eval() -> None:
+    """lm-eval's command line on ``sys.argv``, with ``--model diffquant``'s arguments checked before its task index."""
+    try:  # lm-eval's HarnessCLI command line; an older lm-eval runs unchecked, as it always did
+        from lm_eval._cli import HarnessCLI
+        from lm_eval.utils import setup_logging
+    except ImportError:  # pragma: no cover - older lm-eval
+        from lm_eval.__main__ import cli_evaluate
+
+        return cli_evaluate()
+    setup_logging()
+    parser = HarnessCLI()
+    args = parser.parse_args()
+    if getattr(args, "model", None) == REGISTERED_NAME:
+        _check_model_args(args.model_args or {})
+    parser.execute(args)
+
+
 def _as_int(value, name: str, default: int) -> int:
     """lm-eval passes command-line values as strings (and ``batch_size="auto"``)."""
     if value is None or value == "auto":
@@ -229,13 +269,7 @@ def _build(TemplateLM):
         def __init__(self, pretrained=None, tokenizer=None, quant=None, batch_size=8, device="cpu", bos=True,
                      max_length=None, calib_tokens=DEFAULT_CALIB_TOKENS, seed=0, max_batch_size=None, **kwargs):
             super().__init__()
-            if pretrained is None:
-                raise ValueError("DiffquantLM needs pretrained= (a checkpoint path or a model)")
-            unknown = sorted(set(kwargs) - set(QUANT_ARGS))
-            if unknown:
-                raise ValueError(f"unknown model_args {', '.join(unknown)}; DiffquantLM takes pretrained, tokenizer, "
-                                 f"quant, {', '.join(QUANT_ARGS)}, bos, max_length, calib_tokens, seed")
-            config = quant_from_args(quant, **kwargs)
+            config = checked_quant(pretrained, quant, kwargs)
             device = _device(device)
             calib_tokens = _as_int(calib_tokens, "calib_tokens", DEFAULT_CALIB_TOKENS)
             if isinstance(pretrained, (str, os.PathLike)):  # refuses a model without a tokenizer that fits it

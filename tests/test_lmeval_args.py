@@ -61,9 +61,15 @@ def test_key_value_quantization_through_lm_evals_own_parser(ckpt):
     ("weights=rtn,wbits=4,quant=q.json", "not both"),
     ("weights=awq,wbits=4", "awq"),
 ])
-def test_bad_model_args_are_one_line_and_exit_2(ckpt, capsys, args, needle):
+def test_bad_model_args_are_one_line_and_exit_2(ckpt, capsys, monkeypatch, args, needle):
+    from lm_eval.tasks.manager import TaskManager
+
     from diffquant.lmeval import main
 
+    def index_tasks(*args, **kwargs):  # refused before lm-eval indexes its task files (15-40 s here)
+        raise AssertionError("lm-eval indexed its tasks before the model_args were checked")
+
+    monkeypatch.setattr(TaskManager, "__init__", index_tasks)
     assert main(["--model", "diffquant", "--model_args", f"pretrained={ckpt},{args}", "--tasks", "diffquant_copa",
                  "--limit", "2"]) == 2
     err = capsys.readouterr().err
@@ -81,7 +87,7 @@ def test_shipped_task_yamls_score_as_evaluate_task(ckpt, monkeypatch, task, limi
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     lm = lm_class()(pretrained=ckpt, batch_size=4)
     result = lm_eval.simple_evaluate(model=lm, tasks=[f"diffquant_{task}"], limit=limit,
-                                     task_manager=TaskManager(include_path=str(TASKS_DIR)))
+                                     task_manager=TaskManager(include_path=str(TASKS_DIR), include_defaults=False))
     got = result["results"][f"diffquant_{task}"]
     ours = evaluate_task(lm.model, lm.tok, task, limit=limit, progress=False)
     assert got["acc,none"] == pytest.approx(ours["acc"], abs=1e-12)
