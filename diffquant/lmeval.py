@@ -186,7 +186,7 @@ def _load_model(pretrained, quant, device: str, calib_tokens: int, seed: int, to
     return quantize_model(model, config, calib=calib)
 
 
-def checked_quant(pretrained, quant, quant_args: dict):
+def _checked_quant(pretrained, quant, quant_args: dict):
     """The QuantConfig of DiffquantLM's arguments (None: unquantized), or a ValueError naming what is wrong with them.
 
     ``quant_args`` are the arguments beyond DiffquantLM's named ones: only :data:`QUANT_ARGS` may be among them.
@@ -207,7 +207,7 @@ def _check_model_args(model_args: dict) -> None:
 
     named = set(inspect.signature(lm_class().__init__).parameters) - {"self", "kwargs"}
     rest = {k: v for k, v in model_args.items() if k not in named}
-    checked_quant(model_args.get("pretrained"), model_args.get("quant"), rest)
+    _checked_quant(model_args.get("pretrained"), model_args.get("quant"), rest)
 
 
 def _run_lm_eval() -> None:
@@ -269,7 +269,7 @@ def _build(TemplateLM):
         def __init__(self, pretrained=None, tokenizer=None, quant=None, batch_size=8, device="cpu", bos=True,
                      max_length=None, calib_tokens=DEFAULT_CALIB_TOKENS, seed=0, max_batch_size=None, **kwargs):
             super().__init__()
-            config = checked_quant(pretrained, quant, kwargs)
+            config = _checked_quant(pretrained, quant, kwargs)
             device = _device(device)
             calib_tokens = _as_int(calib_tokens, "calib_tokens", DEFAULT_CALIB_TOKENS)
             if isinstance(pretrained, (str, os.PathLike)):  # refuses a model without a tokenizer that fits it
