@@ -128,20 +128,24 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * decay)
 
 
-def batch_at(data: np.ndarray, step: int, cfg: TrainConfig) -> tuple[torch.Tensor, torch.Tensor]:
+def _windows_at(data: np.ndarray, step: int, cfg: TrainConfig) -> np.ndarray:
     """Random windows of seq_len+1 tokens, a function of (seed, step) only: identical for both archs."""
     if len(data) <= cfg.seq_len + 1:
         raise ValueError(f"training data has {len(data)} tokens, fewer than one window of {cfg.seq_len + 1}")
     gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
     starts = torch.randint(0, len(data) - cfg.seq_len - 1, (cfg.batch_size,), generator=gen).numpy()
-    windows = np.stack([data[s:s + cfg.seq_len + 1] for s in starts]).astype(np.int64)
-    xy = torch.from_numpy(windows)
+    return np.stack([data[s:s + cfg.seq_len + 1] for s in starts]).astype(np.int64)
+
+
+def batch_at(data: np.ndarray, step: int, cfg: TrainConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step ``step``'s inputs and targets from a corpus (:func:`_windows_at`)."""
+    xy = torch.from_numpy(_windows_at(data, step, cfg))
     return xy[:, :-1], xy[:, 1:]
 
 
 def corpus_windows(data: np.ndarray, steps: list[int], cfg: TrainConfig) -> np.ndarray:
     """The windows (seq_len + 1 tokens each) that training read from a corpus at ``steps``, one row each."""
-    return np.concatenate([torch.cat([x, y[:, -1:]], 1).numpy() for x, y in (batch_at(data, s, cfg) for s in steps)])
+    return np.concatenate([_windows_at(data, s, cfg) for s in steps])
 
 
 def training_batch(data: np.ndarray | TokenStream, step: int, cfg: TrainConfig) -> tuple[torch.Tensor, torch.Tensor]:
