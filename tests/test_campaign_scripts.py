@@ -26,7 +26,7 @@ def run_script(tmp_path: Path, script: str, fake_train: str = FAKE_TRAIN, **env:
     fake, calls = tmp_path / "dq", tmp_path / "calls"
     fake.write_text(fake_train)
     fake.chmod(0o755)
-    script_vars = ("EXTRA", "ARMS", "TOKENS", "SEED", "PRESET", "LR", "UNTIL", "BRANCHES", "THREADS")
+    script_vars = ("EXTRA", "ARMS", "TOKENS", "SEED", "PRESET", "LR", "UNTIL", "BRANCHES", "THREADS", "TEACHER")
     base = {k: v for k, v in os.environ.items() if k not in script_vars}
     env = {**base, "DQ": str(fake), "CALLS": str(calls), "RUN": str(tmp_path / "run"), **env}
     subprocess.run(["bash", str(CAMPAIGN / script)], env=env, check=True, capture_output=True)
@@ -133,9 +133,11 @@ def test_status_reports_steps_branches_and_cooldowns(tmp_path):
     fake_arm(tmp_path / "long" / "xs-s0", "transformer", 40, {16: "done", 32: "running"})
     fake_arm(tmp_path / "long" / "xs-s0", "diff", 33, {16: "done", 32: ""})
     fake_arm(tmp_path / "ablation" / "xs-s0-lambda0.8", "diff", 16, {16: ""})
+    fake_arm(tmp_path / "streamed" / "s-s0", "transformer", 8, {})
     rows = status.campaign_status(tmp_path)
     assert [(r["run"], r["arch"], r["step"], r["steps"]) for r in rows] == [
-        ("xs-s0", "transformer", 40, 64), ("xs-s0", "diff", 33, 64), ("xs-s0-lambda0.8", "diff", 16, 64)]
+        ("xs-s0", "transformer", 40, 64), ("xs-s0", "diff", 33, 64), ("xs-s0-lambda0.8", "diff", 16, 64),
+        ("s-s0", "transformer", 8, 64)]
     assert (rows[0]["cooled"], rows[0]["cooling"], rows[0]["uncooled"]) == ([20 * 8192], [(40 * 8192, 37)], [])
     assert (rows[1]["cooled"], rows[1]["cooling"], rows[1]["uncooled"]) == ([20 * 8192], [], [32])
     line = status.table(rows).splitlines()[2]  # 16 + 4 steps of 8,192 tokens = 0.16M; 40 steps = 0.33M
@@ -178,3 +180,19 @@ def test_budget_asks_for_its_step(tmp_path):
     env.pop("UNTIL", None)
     done = subprocess.run(["bash", str(CAMPAIGN / "budget.sh")], env=env, capture_output=True, text=True)
     assert done.returncode == 2 and "set UNTIL" in done.stderr and not (tmp_path / "run").exists()
+
+
+def test_streamed_pair_trains_and_cools_on_fresh_teacher_stories_sharing_one_cache(tmp_path):
+    calls = run_script(tmp_path, "streamed.sh", PRESET="s")
+    assert sorted(option(c, "--arch") for c in calls) == ["diff", "diff", "transformer", "transformer"]
+    for call in calls:
+        assert "--data" not in call and option(call, "--teacher") == "calib/models/stories260K.gguf"
+        assert option(call, "--stream-cache") == str(tmp_path / "run" / "stream-cache")
+        assert option(call, "--preset") == "s" and option(call, "--lr") == "3e-3"
+    stable = [c for c in calls if "--branch-from" not in c]
+    assert len(stable) == 2 and all(option(c, "--stop-at") == "4096" for c in stable)
+
+
+def test_corpus_runs_keep_the_cycled_corpus(tmp_path):
+    calls = run_script(tmp_path, "ablation.sh", ABLATION="lambda0.8")
+    assert all(option(c, "--data") == "experiments/corpus/stories260k-s0" and "--teacher" not in c for c in calls)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Cooldown branches of a long pair (experiments/campaign/long.sh; PRESET, SEED, LR, ARMS, EXTRA, THREADS as
-# there): from each state both arms kept at step N (RUN/ARCH/branches/stepN), the same run continues N/4 more
+# Cooldown branches of a long pair (experiments/campaign/long.sh; PRESET, SEED, LR, ARMS, EXTRA, THREADS, TEACHER
+# as there): from each state both arms kept at step N (RUN/ARCH/branches/stepN), the same run continues N/4 more
 # steps with the learning rate decaying linearly to 10% (wsd, decay from step N), so the decayed part is the last
 # 20% as in part 1's sweep.
 # Output: RUN/cooldown/ARCH-stepN (final/ and train_log.json; the resumable state is dropped once finished).
@@ -15,15 +15,15 @@ PRESET=${PRESET:-xs}
 LR=${LR:-3e-3}
 RUN=${RUN:-experiments/campaign/long/$PRESET-lr$LR-s$SEED}
 read -ra extra <<< "${EXTRA:-}"  # more train options, as given to long.sh
-# the corpus's shards are parked in main's history (experiments/corpus/README.md): bring them back once
-[ -f experiments/corpus/stories260k-s0/shard_00002.bin ] || bash experiments/campaign/restore_states.sh experiments/corpus/stories260k-s0
+data=$(bash experiments/campaign/source.sh "$RUN")  # --data CORPUS, or TEACHER's stream (as long.sh)
+read -ra data_args <<< "$data"
 cool() {  # one arm's cooldown from branch $2 (step $3)
   local arch=$1 name=$2 step=$3
   local src=$RUN/$arch/branches/$name out=$RUN/cooldown/$arch-$name
   [ -d "$src" ] && [ ! -f "$out/final/config.json" ] || return 0
   local resume=(--branch-from "$src"); [ -f "$out/state/trainer.json" ] && resume=(--resume)
   mkdir -p "$RUN/cooldown"
-  nice -n "${NICE:-5}" "$DQ" train --arch "$arch" --preset "$PRESET" --data experiments/corpus/stories260k-s0 \
+  nice -n "${NICE:-5}" "$DQ" train --arch "$arch" --preset "$PRESET" "${data_args[@]}" \
     --tokens $(( (step + step / 4) * 16 * 512 )) --out "$out" --batch-size 16 --seq-len 512 --recipe stories260k \
     --lr "$LR" --seed "$SEED" --schedule wsd --decay-start "$step" --warmup-steps 50 --eval-every 512 \
     --eval-tokens 65536 --track-every 128 --save-every 128 --threads "${THREADS:-1}" "${extra[@]}" "${resume[@]}" \

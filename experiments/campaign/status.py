@@ -4,9 +4,9 @@ cooled, how far each running cooldown has got (its last saved step), and the ste
     python experiments/campaign/status.py [--root experiments/campaign]
 
 Reads only the runs' own files (``ARCH/state/trainer.json``, ``ARCH/train_log.json``, ``ARCH/branches/``,
-``cooldown/ARCH-stepN/``) of the long runs (long.sh) and the ablations (ablation.sh), and prints a markdown
-table. No time estimate: a run's wall clock mixes machines and loads (an xs arm takes ~0.75 s a step on one core
-of the 2-core CI machine).
+``cooldown/ARCH-stepN/``) of the long runs (long.sh), the ablations (ablation.sh) and the streamed runs
+(streamed.sh), and prints a markdown table. No time estimate: a run's wall clock mixes machines and loads (an xs
+arm takes ~0.75 s a step on one core of the 2-core CI machine).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from diffquant.config import ARCHS
 from diffquant.emergence import tracked_curve
 
 CAMPAIGN = Path(__file__).resolve().parent
-ROOTS = ("long", "ablation")
+ROOTS = ("long", "ablation", "streamed")
 
 
 def branch_steps(run: Path, arch: str) -> list[int]:
@@ -99,7 +99,7 @@ def table(rows: list[dict]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--root", type=Path, default=CAMPAIGN, help="the folder holding long/ and ablation/")
+    parser.add_argument("--root", type=Path, default=CAMPAIGN, help="the folder holding long/, ablation/ and streamed/")
     print(table(campaign_status(parser.parse_args().root)))
 
 
