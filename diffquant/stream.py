@@ -129,9 +129,8 @@ class TokenStream:
         if index in self._blocks:
             return self._blocks[index]
         path = self.cache_dir / f"stream-{self.identity_sha256[:16]}-{index:07d}.npy" if self.cache_dir else None
-        if path is not None and path.is_file():
-            windows = np.load(path, allow_pickle=False).astype(np.int64)
-        else:
+        windows = self._cached(path) if path is not None and path.is_file() else None
+        if windows is None:
             windows = self.draw_windows("train", index, self.windows_per_block)
             if path is not None:
                 with atomic_path(path) as tmp:
@@ -139,6 +138,22 @@ class TokenStream:
         self._blocks = {i: w for i, w in self._blocks.items() if i == index - 1}
         self._blocks[index] = windows
         return windows
+
+    def _cached(self, path: Path) -> np.ndarray | None:
+        """A cached block, or None where the file is not one of this stream's blocks (truncated, another shape,
+        tokens out of the vocabulary): a cache only saves time, so such a block is drawn again and replaced."""
+        try:
+            windows = np.load(path, allow_pickle=False)
+        except (OSError, ValueError, EOFError) as err:
+            log.warning("stream cache %s is unreadable (%s): drawing the block again", path, err)
+            return None
+        shape = (self.windows_per_block, self.seq_len + 1)
+        if (windows.shape != shape or windows.dtype.kind not in "iu"
+                or (windows.size and (int(windows.min()) < 0 or int(windows.max()) >= self.vocab_size))):
+            log.warning("stream cache %s holds %s %s, not this stream's %s token block: drawing it again",
+                        path, windows.shape, windows.dtype, shape)
+            return None
+        return windows.astype(np.int64)
 
     def windows_at(self, step: int) -> np.ndarray:
         """The batch_size windows of training step ``step``."""

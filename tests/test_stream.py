@@ -70,6 +70,23 @@ def test_a_stream_cache_serves_the_drawn_block(tmp_path):
     assert second.tokens_drawn == 0
 
 
+@pytest.mark.parametrize("spoil", ["truncate", "reshape", "out_of_vocab"])
+def test_a_spoilt_cache_block_is_drawn_again(tmp_path, caplog, spoil):
+    drawn = make_stream(cache_dir=tmp_path).windows_at(1)
+    (path,) = tmp_path.glob("stream-*.npy")
+    block = np.load(path)
+    if spoil == "truncate":
+        path.write_bytes(path.read_bytes()[:100])
+    elif spoil == "reshape":
+        np.save(path, block[:-1])
+    else:
+        np.save(path, np.where(np.arange(block.size).reshape(block.shape) == 7, 60000, block).astype(block.dtype))
+    again = make_stream(cache_dir=tmp_path)
+    np.testing.assert_array_equal(again.windows_at(1), drawn)
+    assert again.tokens_drawn > 0 and "drawing" in caplog.text
+    np.testing.assert_array_equal(np.load(path), block)  # replaced by the block drawn again
+
+
 def reference_window_losses(model, windows):
     """Per-window mean next-token cross-entropy by hand in float64 (log-softmax written out)."""
     model = model.double().eval()
