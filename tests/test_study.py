@@ -225,6 +225,7 @@ def verdicts_script(tmp_path, monkeypatch):
     monkeypatch.setattr(verdicts, "REPO", tmp_path)
     monkeypatch.setattr(verdicts, "LONG_ROOT", tmp_path / "long")
     monkeypatch.setattr(verdicts, "ABLATION_ROOT", tmp_path / "ablation")
+    monkeypatch.setattr(verdicts, "STREAMED_ROOT", tmp_path / "streamed")
     return verdicts
 
 
@@ -273,6 +274,19 @@ def test_verdicts_pairs_each_ablation_with_its_own_or_the_long_runs_transformer(
     assert init["checkpoints"]["transformer"].startswith("ablation/xs-lr3e-3-s0-init-default/")
     assert (lam["seed"], lam["preset"]) == (0, "xs") and "λ_init 0.8" in lam["budget"]
     assert len({lam["budget"], init["budget"], "41.9M @ lr 3e-3"}) == 3  # never pooled with the long seeds
+
+
+def test_verdicts_name_and_budget_a_streamed_pair_apart_from_the_corpus_run_of_its_seed(tmp_path, verdicts_script):
+    verdicts = verdicts_script
+    cooled(tmp_path / "long" / "s-lr3e-3-s0", ("transformer", "diff"))
+    cooled(tmp_path / "streamed" / "s-lr3e-3-s0", ("transformer", "diff"))
+    cooled(tmp_path / "streamed" / "s-lr3e-3-s1", ("transformer",))  # its Diff still training: no pair
+    [corpus], [streamed] = verdicts.long_pairs(), verdicts.streamed_pairs()
+    assert (streamed["pair"], streamed["budget"]) == ("s-lr3e-3-s0-streamed-41.9M", "41.9M @ lr 3e-3, streamed")
+    assert (corpus["pair"], corpus["budget"]) == ("s-lr3e-3-s0-41.9M", "41.9M @ lr 3e-3")
+    assert (streamed["run"], corpus["run"]) == ("s-lr3e-3-s0-streamed", "s-lr3e-3-s0")  # trend.md's lines apart
+    assert streamed["checkpoints"]["diff"] == "streamed/s-lr3e-3-s0/cooldown/diff-step004096/final"
+    assert (streamed["preset"], streamed["seed"]) == ("s", 0)
 
 
 def test_verdicts_find_a_pair_whose_weights_are_parked_and_name_the_command_that_restores_them(

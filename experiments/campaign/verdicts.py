@@ -10,7 +10,9 @@ Pairs (identical data order within a pair; every arm is set against the Transfor
 * ``PRESET-lrLR-sN-<tokens>``: the long runs' cooled branches (experiments/campaign/long, cooldown.sh; xs seed 0
   is the long run, other seeds stop at earlier branches; the s preset for the size trend);
 * ``xs-real-lr1e-2-s0``: the real-text control, the short protocol on real text (experiments/campaign/realtext.sh);
-* ``xs-lr3e-3-sN-ABLATION-<tokens>``: the ablations (experiments/campaign/ablation.sh), cooled like the long runs.
+* ``xs-lr3e-3-sN-ABLATION-<tokens>``: the ablations (experiments/campaign/ablation.sh), cooled like the long runs;
+* ``PRESET-lrLR-sN-streamed-<tokens>``: the long protocol on fresh teacher stories (experiments/campaign/streamed.sh),
+  budgeted apart from the corpus runs.
 
 Every pair is profiled on the real cased TinyStories held-out text (its first 64 windows of 512 tokens as in
 part 1, global protocol, exact medians) and its attention logits swept at 16/8/6/4 bits with three scale
@@ -62,6 +64,7 @@ SHORT_ROOTS = (REPO / "experiments/lr_sweep/runs", REPO / "experiments/campaign/
 REAL_ROOT = REPO / "experiments/campaign/realtext"
 LONG_ROOT = REPO / "experiments/campaign/long"
 ABLATION_ROOT = REPO / "experiments/campaign/ablation"
+STREAMED_ROOT = REPO / "experiments/campaign/streamed"
 LONG_RUN = re.compile(r"(?P<preset>[a-z]+)-lr(?P<lr>[0-9.]+e-\d+)-s(?P<seed>\d+)")  # long.sh's PRESET-lrLR-sSEED
 ABLATION_RUN = re.compile(rf"(?P<base>{LONG_RUN.pattern})-(?P<ablation>.+)")  # the long run it ablates, and what
 ABLATIONS = {"lambda0.8": "constant λ_init 0.8", "init-default": "PyTorch default init"}
@@ -111,8 +114,9 @@ def run_parts(run: Path) -> tuple[str, int, str]:
     return named["preset"], int(named["seed"]), named["lr"]
 
 
-def long_runs() -> list[Path]:
-    return sorted((run for run in LONG_ROOT.glob("*-lr*-s*") if LONG_RUN.fullmatch(run.name)), key=run_parts)
+def long_runs(root: Path | None = None) -> list[Path]:
+    return sorted((run for run in (root or LONG_ROOT).glob("*-lr*-s*") if LONG_RUN.fullmatch(run.name)),
+                  key=run_parts)
 
 
 def emergence_suffix(run: Path) -> str:
@@ -125,15 +129,17 @@ def emergence_suffix(run: Path) -> str:
 
 
 def cooled_pair(run: Path, branch: str, ckpts: dict[str, Path], preset: str, seed: int, lr: str,
-                what: str = "") -> dict | None:
+                what: str = "", tag: str = "") -> dict | None:
     """The pair of a run's cooled branch (``stepN``) from the arms whose checkpoints exist, or None without a
-    Transformer and another arm; ``what`` extends the budget label (an ablation is never pooled with others)."""
+    Transformer and another arm; ``what`` extends the budget label (an ablation is never pooled with others) and
+    ``tag`` the pair's and its run's names (trend.md never joins runs on other data)."""
     ckpts = {a: rel(p) for a, p in ckpts.items() if is_final(p)}
     if "transformer" not in ckpts or len(ckpts) < 2:
         return None
     log = run / "cooldown" / f"{next(a for a in ckpts if a != 'transformer')}-{branch}" / "train_log.json"
     tokens = json.loads(log.read_text())["tokens_seen"]
-    return {"pair": f"{run.name}-{tokens_label(tokens)}", "run": run.name, "preset": preset, "seed": seed,
+    name = f"{run.name}{tag}"
+    return {"pair": f"{name}-{tokens_label(tokens)}", "run": name, "preset": preset, "seed": seed,
             "budget": f"{tokens_label(tokens)} @ lr {lr}{what}", "tokens": tokens, "cooled": True,
             "checkpoints": ckpts}
 
@@ -143,14 +149,20 @@ def cooled_branches(run: Path, arch: str) -> list[str]:
     return [final.parent.name.split("-", 1)[1] for final in sorted((run / "cooldown").glob(f"{arch}-step*/final"))]
 
 
-def long_pairs() -> list[dict]:
+def long_pairs(root: Path | None = None, tag: str = "", what: str = "") -> list[dict]:
     """Cooled branches both arms of a long run finished: RUN/cooldown/ARCH-stepN/final."""
     pairs = []
-    for run in long_runs():
+    for run in long_runs(root):
         for branch in cooled_branches(run, "transformer"):
             ckpts = {a: run / "cooldown" / f"{a}-{branch}" / "final" for a in ARCHS}
-            pairs.append(cooled_pair(run, branch, ckpts, *run_parts(run)))
+            pairs.append(cooled_pair(run, branch, ckpts, *run_parts(run), what=what, tag=tag))
     return [p for p in pairs if p]
+
+
+def streamed_pairs() -> list[dict]:
+    """experiments/campaign/streamed.sh's cooled pairs: the long protocol on fresh teacher stories, named and
+    budgeted apart from the corpus run of the same preset, seed and rate."""
+    return long_pairs(STREAMED_ROOT, tag="-streamed", what=", streamed")
 
 
 def ablation_pairs() -> list[dict]:
@@ -206,7 +218,7 @@ def main() -> None:
     ids = heldout_ids(Tokenizer.load(CORPUS / "tokenizer.model"))
     tasks = {"tinystories": args.windows, "test": args.windows}
     pairs = [with_train_logs(p) for p in short_pairs() + long_pairs() + real_pairs() + ablation_pairs()
-             if args.only is None or args.only in p["pair"]]
+             + streamed_pairs() if args.only is None or args.only in p["pair"]]
     results, table5 = [], {}
     for pair in pairs:
         logging.info("pair %s: %s", pair["pair"], ", ".join(pair["checkpoints"]))
@@ -219,11 +231,11 @@ def main() -> None:
     if not args.no_zeroshot:
         zeroshot(out, [p for p in pairs if p["tokens"] >= args.zeroshot_min_tokens])
     blocks = {}
-    for run in long_runs():
+    for run, tag in [(run, "") for run in long_runs()] + [(run, "-streamed") for run in long_runs(STREAMED_ROOT)]:
         if logs := long_logs(run):
-            plot_tracked(logs, out / f"long-emergence{emergence_suffix(run)}.png")
+            plot_tracked(logs, out / f"long-emergence{emergence_suffix(run)}{tag}.png")
         if "transformer" in logs and "diff" in logs:
-            blocks[run.name] = block_means(logs["transformer"], logs["diff"], EMERGENCE_BLOCK)
+            blocks[run.name + tag] = block_means(logs["transformer"], logs["diff"], EMERGENCE_BLOCK)
     write_emergence(out, blocks)
     for pair in pairs:  # the emergence curves of pairs with the gated / clipped arms
         if len(pair["checkpoints"]) > 2:
