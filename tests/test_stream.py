@@ -184,6 +184,34 @@ def test_gate_table_has_a_memorisation_column(tmp_path):
     assert memorisation_of({"train_logs": {"diff": str(tmp_path / "missing.json")}}) == {}
 
 
+def test_memorisation_table_counts_a_shared_arm_once_and_keeps_streamed_rows_apart(tmp_path):
+    import json
+
+    from diffquant.study.memorisation import memorisation_of, memorisation_table
+
+    def log(name: str, gap: float | None, streamed: bool = False) -> str:
+        record = {"tokens_seen": 400, "data": {"streamed": True} if streamed else {"corpus_tokens": 100}}
+        if gap is not None:
+            record["memorisation"] = {"gap": gap, "se": 0.01}
+        (tmp_path / name).write_text(json.dumps(record))
+        return str(tmp_path / name)
+
+    def pair(budget: str, logs: dict[str, str]) -> dict:
+        row = {"preset": "xs", "tokens": 400, "budget": budget, "train_logs": logs}
+        return {**row, "memorisation": memorisation_of(row)}
+
+    shared_t = log("t.json", 0.05)  # one Transformer set against two arms
+    results = [pair("400 @ lr 3e-3", {"transformer": shared_t, "diff": log("d.json", 0.03)}),
+               pair("400 @ lr 3e-3, constant λ_init 0.8", {"transformer": shared_t, "diff": log("l.json", 0.01)}),
+               pair("400 @ lr 3e-3, real text", {"transformer": log("r.json", None), "diff": log("q.json", None)}),
+               pair("400 @ lr 3e-3, streamed", {"transformer": log("st.json", 0.002, streamed=True),
+                                                "diff": log("sd.json", -0.004, streamed=True)})]
+    assert results[0]["memorisation"]["transformer"]["passes"] == 4.0
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in memorisation_table(results).splitlines()[2:]]
+    assert rows == [["xs", "400 @ lr 3e-3", "corpus", "4.00", "3 of 5", "+0.030, +0.010 … +0.050", "0.04"],
+                    ["xs", "400 @ lr 3e-3", "streamed", "—", "2 of 2", "-0.001, -0.004 … +0.002", "0.006"]]
+
+
 def test_cli_corpus_run_with_a_teacher_logs_its_memorisation_check(tmp_path, capsys):
     import json
     from pathlib import Path

@@ -10,6 +10,7 @@ from ..report import render_report
 from .emergence_table import emergence_table
 from .figure8 import figure8_text, sweep_path
 from .gate import gate_table
+from .memorisation import memorisation_table
 from .seeds import over_seeds, seeds_table
 from .table5 import sites_table, table5_text
 from .trend import plot_verdict_trend, trend_table
@@ -18,8 +19,8 @@ from .zeroshot import zeroshot_table
 
 def write_outputs(out: Path, results: list[dict], table5: dict[str, dict], note: str = "") -> None:
     """Every verdict file from the records: pairs.json, seeds.json, gate.md (with where the top values sit),
-    seeds.md, table5.md, figure8.md (from ``sweep_path``), trend.md and trend.png; ``note`` heads each markdown
-    file."""
+    seeds.md, table5.md, figure8.md (from ``sweep_path``), trend.md, trend.png and memorisation.md; ``note`` heads
+    each markdown file."""
     out = Path(out)
     summary = over_seeds(results)
     atomic_write_text(out / "pairs.json", json.dumps(results, indent=1))
@@ -30,6 +31,7 @@ def write_outputs(out: Path, results: list[dict], table5: dict[str, dict], note:
     atomic_write_text(out / "figure8.md", note + figure8_text(results, lambda r: sweep_path(out, r)) + "\n")
     atomic_write_text(out / "trend.md", note + trend_table(results) + "\n")
     plot_verdict_trend(results, out / "trend.png")
+    atomic_write_text(out / "memorisation.md", note + memorisation_table(results) + "\n")
 
 
 def write_zeroshot(out: Path, verdicts: list[dict], records_of, note: str = "") -> None:
