@@ -110,6 +110,9 @@ def test_over_seeds_pools_per_seed_ratios_and_advantages():
     assert pooled["per_seed"] == [0.1, -0.05, 0.2] and pooled["pooled"]["mean"] == pytest.approx(0.25 / 3)
     text = seeds.seeds_table(seeds.over_seeds(results))
     assert "2.00 / 4.00 / 0.50" in text and "+0.083" in text
+    assert "0 / 1 / 2" in text and "not gated" not in text
+    results[1] = result(1, 4.0, -0.05, gate=False)
+    assert "0 / 1 / 2 (not gated: 1)" in seeds.seeds_table(seeds.over_seeds(results))
 
 
 def test_plot_tracked_draws_arms_and_ratios_from_train_logs(tmp_path):

@@ -67,6 +67,12 @@ def ratio_cell(ratio: dict) -> str:
             f"{test['positive']}/{test['n']} > 1, p {fmt(test['p'])})")
 
 
+def seeds_cell(entry: dict) -> str:
+    """The seeds pooled, naming those whose Transformer is below the gate (pooled all the same: say so)."""
+    ungated = [str(s) for s, gated in zip(entry["seeds"], entry.get("gated", []), strict=False) if not gated]
+    return " / ".join(map(str, entry["seeds"])) + (f" (not gated: {', '.join(ungated)})" if ungated else "")
+
+
 def seeds_table(summary: list[dict]) -> str:
     """One row per (size, budget, other arm, 4-bit scheme); the ratios on each group's first row."""
     rows = []
@@ -74,7 +80,7 @@ def seeds_table(summary: list[dict]) -> str:
         ratios = [ratio_cell(e[key]) for key in ("logit_ratio", "hidden_ratio")]
         for i, (scheme, a) in enumerate(e["advantage_4bit"].items()):
             pooled = a["pooled"]
-            rows.append([e["preset"], e["budget"], e["other"], " / ".join(map(str, e["seeds"])),
+            rows.append([e["preset"], e["budget"], e["other"], seeds_cell(e),
                          *(ratios if i == 0 else ["", ""]), scheme,
                          " / ".join(f"{x:+.3f}" for x in a["per_seed"]),
                          f"{pooled['mean']:+.3f} [{fmt(pooled['low'], 3)}, {fmt(pooled['high'], 3)}]",
