@@ -49,11 +49,12 @@ def memorisation_table(results: list[dict]) -> str:
     for r in results:
         memo = r.get("memorisation", {})
         data = "streamed" if memo and all(m["streamed"] for m in memo.values()) else "corpus"
-        group = groups.setdefault((r["preset"], r["tokens"], r["budget"].split(",")[0], data), {"arms": {}, "pair": []})
+        key = (r["preset"], r["tokens"], r["budget"].split(",")[0], data)
+        group = groups.setdefault(key, {"arms": {}, "within": []})
         group["arms"].update({r["train_logs"][arch]: m for arch, m in memo.items()})
         gaps = {arch: m["gap"] for arch, m in memo.items() if "gap" in m}
         if "transformer" in gaps:
-            group["pair"] += [abs(gap - gaps["transformer"]) for arch, gap in gaps.items() if arch != "transformer"]
+            group["within"] += [abs(gap - gaps["transformer"]) for arch, gap in gaps.items() if arch != "transformer"]
     rows = [[preset, budget, data, *summary_cells(group)]
             for (preset, _, budget, data), group in sorted(groups.items())]
     header = ["size", "budget", "data", "passes over the corpus", "arms measured",
@@ -67,5 +68,5 @@ def summary_cells(group: dict) -> list:
     gaps = [m["gap"] for m in measured]
     passes = " / ".join(sorted({f"{m['passes']:.2f}" for m in measured if "passes" in m})) or "—"
     mean = f"{sum(gaps) / len(gaps):+.3f}, {min(gaps):+.3f} … {max(gaps):+.3f}" if gaps else "—"
-    within = round(max(group["pair"]), 3) if group["pair"] else None
+    within = round(max(group["within"]), 3) if group["within"] else None
     return [passes, f"{len(gaps)} of {len(group['arms'])}", mean, within]
