@@ -69,7 +69,7 @@ def ratio_cell(ratio: dict) -> str:
 
 def seeds_cell(entry: dict) -> str:
     """The seeds pooled, naming those whose Transformer is below the gate (pooled all the same: say so)."""
-    ungated = [str(s) for s, gated in zip(entry["seeds"], entry.get("gated", []), strict=False) if not gated]
+    ungated = [str(s) for s, gated in zip(entry["seeds"], entry["gated"], strict=True) if not gated]
     return " / ".join(map(str, entry["seeds"])) + (f" (not gated: {', '.join(ungated)})" if ungated else "")
 
 

@@ -65,6 +65,7 @@ REAL_ROOT = REPO / "experiments/campaign/realtext"
 LONG_ROOT = REPO / "experiments/campaign/long"
 ABLATION_ROOT = REPO / "experiments/campaign/ablation"
 STREAMED_ROOT = REPO / "experiments/campaign/streamed"
+STREAMED_TAG = "-streamed"  # a streamed run's pairs and figures are named apart from the corpus run of its seed
 LONG_RUN = re.compile(r"(?P<preset>[a-z]+)-lr(?P<lr>[0-9.]+e-\d+)-s(?P<seed>\d+)")  # long.sh's PRESET-lrLR-sSEED
 ABLATION_RUN = re.compile(rf"(?P<base>{LONG_RUN.pattern})-(?P<ablation>.+)")  # the long run it ablates, and what
 ABLATIONS = {"lambda0.8": "constant λ_init 0.8", "init-default": "PyTorch default init"}
@@ -162,7 +163,7 @@ def long_pairs(root: Path | None = None, tag: str = "", what: str = "") -> list[
 def streamed_pairs() -> list[dict]:
     """experiments/campaign/streamed.sh's cooled pairs: the long protocol on fresh teacher stories, named and
     budgeted apart from the corpus run of the same preset, seed and rate."""
-    return long_pairs(STREAMED_ROOT, tag="-streamed", what=", streamed")
+    return long_pairs(STREAMED_ROOT, tag=STREAMED_TAG, what=", streamed")
 
 
 def ablation_pairs() -> list[dict]:
@@ -231,7 +232,7 @@ def main() -> None:
     if not args.no_zeroshot:
         zeroshot(out, [p for p in pairs if p["tokens"] >= args.zeroshot_min_tokens])
     blocks = {}
-    for run, tag in [(run, "") for run in long_runs()] + [(run, "-streamed") for run in long_runs(STREAMED_ROOT)]:
+    for run, tag in [(run, "") for run in long_runs()] + [(run, STREAMED_TAG) for run in long_runs(STREAMED_ROOT)]:
         if logs := long_logs(run):
             plot_tracked(logs, out / f"long-emergence{emergence_suffix(run)}{tag}.png")
         if "transformer" in logs and "diff" in logs:
