@@ -76,12 +76,14 @@ def _ratio(a, b):
     return None if a is None or b in (None, 0) else a / b
 
 
-def render(header: list[str], rows: list[list], fmt: str = "markdown") -> str:
+def render(header: list[str], rows: list[list], fmt: str = "markdown", numparse: bool = True) -> str:
+    """``rows`` under ``header`` in ``fmt``; ``numparse=False`` keeps number-like strings as written ("2.100")."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown table format {fmt!r}; expected one of markdown, csv, latex, plain")
     if fmt == "csv":
         return "\n".join(",".join(_csv(c) for c in row) for row in [header, *rows])
-    return tabulate(rows, headers=header, tablefmt=FORMATS[fmt], floatfmt=".4g", missingval="–")
+    return tabulate(rows, headers=header, tablefmt=FORMATS[fmt], floatfmt=".4g", missingval="–",
+                    disable_numparse=not numparse)
 
 
 def _csv(cell) -> str:

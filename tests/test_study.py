@@ -429,3 +429,42 @@ def test_verdicts_adds_lambda_to_table5_records_saved_without_it(tmp_path, verdi
     assert json.loads(saved.read_text()) == filled and "lambda" not in known["diff"]  # the caller's dict is kept
     saved.unlink()
     assert verdicts_script.with_lambdas(filled, {"checkpoints": {}}, saved) is filled and not saved.exists()
+
+
+def val_log(losses: dict[int, float], tokens_per_step: int = 8192, corpus_tokens: int | None = None) -> dict:
+    """A train log with validation points at ``losses``' steps (and the corpus size a corpus run records)."""
+    val = [{"step": s, "tokens": s * tokens_per_step, "loss": loss} for s, loss in losses.items()]
+    return {"history": {"val": val}, "data": {"corpus_tokens": corpus_tokens} if corpus_tokens else {"streamed": True}}
+
+
+def test_fresh_curves_set_each_streamed_arm_beside_its_corpus_arm_at_equal_tokens():
+    from diffquant.study.fresh_curves import fresh_curve_rows
+
+    fresh = {s: random.uniform(2, 3) for s in (512, 1024, 1536)}
+    cycled = {s: random.uniform(2, 3) for s in (512, 1024, 2048)}
+    corpus_tokens = random.randint(3_000_000, 9_000_000)
+    streamed = {"transformer": val_log(fresh), "diff": val_log({512: 4.0}, tokens_per_step=4096)}
+    corpus = {"transformer": val_log(cycled, corpus_tokens=corpus_tokens),
+              "diff": val_log({512: 3.0}, corpus_tokens=corpus_tokens)}
+    rows = fresh_curve_rows("run", streamed, corpus)
+    assert [r[2] for r in rows] == [512, 1024]  # steps both reached; the Diff's other batch size: no row
+    for row, step in zip(rows, (512, 1024), strict=True):
+        assert row[:2] == ["run", "T"] and row[4] == f"{step * 8192 / corpus_tokens:.2f}"
+        assert row[5:] == [f"{fresh[step]:.3f}", f"{cycled[step]:.3f}", f"{fresh[step] - cycled[step]:+.3f}"]
+
+
+def test_verdicts_write_fresh_curves_for_a_streamed_run_with_a_corpus_run(tmp_path, verdicts_script):
+    from diffquant.study.outputs import write_fresh_curves
+
+    verdicts = verdicts_script
+    for root, losses in (("long", {512: 2.5, 1024: 2.3}), ("streamed", {512: 2.4, 1024: 2.1})):
+        for arch in ("transformer", "diff"):
+            (tmp_path / root / "s-lr3e-3-s0" / arch).mkdir(parents=True)
+            (tmp_path / root / "s-lr3e-3-s0" / arch / "train_log.json").write_text(json.dumps(val_log(losses)))
+    (tmp_path / "streamed" / "xs-lr3e-3-s1" / "transformer").mkdir(parents=True)  # no corpus run: no rows
+    (tmp_path / "streamed" / "xs-lr3e-3-s1" / "transformer" / "train_log.json").write_text(json.dumps(val_log({})))
+    fresh = verdicts.fresh_runs(verdicts.run_logs())
+    assert list(fresh) == ["s-lr3e-3-s0-streamed"]
+    write_fresh_curves(tmp_path, fresh)
+    text = (tmp_path / "fresh_curves.md").read_text()
+    assert text.count("| s-lr3e-3-s0-streamed |") == 4 and "| -0.200 " in text and "| -0.100 " in text

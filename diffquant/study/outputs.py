@@ -9,6 +9,7 @@ from ..io import atomic_write_text
 from ..report import render_report
 from .emergence_table import emergence_table
 from .figure8 import figure8_text, sweep_path
+from .fresh_curves import fresh_curves_table
 from .gate import gate_table
 from .memorisation import memorisation_table
 from .seeds import over_seeds, seeds_table
@@ -52,3 +53,8 @@ def write_emergence(out: Path, runs: dict[str, list[dict]], note: str = "") -> N
     out = Path(out)
     atomic_write_text(out / "emergence.json", json.dumps(runs, indent=1))
     atomic_write_text(out / "emergence.md", note + emergence_table(runs) + "\n")
+
+
+def write_fresh_curves(out: Path, runs: dict[str, tuple[dict, dict]], note: str = "") -> None:
+    """fresh_curves.md: each streamed run's validation loss beside its corpus run's (``fresh_curves_table``)."""
+    atomic_write_text(Path(out) / "fresh_curves.md", note + fresh_curves_table(runs) + "\n")

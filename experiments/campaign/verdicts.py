@@ -20,6 +20,7 @@ granularities on that text and on the held-out books (the first 48 windows of 51
 best-trained pairs are also scored zero-shot (diffquant.study.zeroshot.ZEROSHOT_TASKS) and swept only on the
 tasks where every arm is above chance (diffquant.chance; zeroshot.md). Each long run's tracked outliers are
 averaged in blocks of 8.39M tokens with the flattening rule of diffquant.emergence (emergence.md).
+Each streamed run's validation loss is set beside its corpus run's, step by step (fresh_curves.md).
 Each arm's memorisation check (gate.md's last column) is read from its train log or from the
 ``memorisation.json`` that experiments/memorisation.py measures beside it.
 Resumable: finished profiles and sweep cells are kept under --out and skipped on a rerun. The finals' weights
@@ -49,7 +50,7 @@ from diffquant.io import atomic_write_text, compact_json_object
 from diffquant.plots import plot_tracked
 from diffquant.records import read_records
 from diffquant.study.figure8 import sweep_pair, sweep_path
-from diffquant.study.outputs import write_emergence, write_outputs, write_zeroshot
+from diffquant.study.outputs import write_emergence, write_fresh_curves, write_outputs, write_zeroshot
 from diffquant.study.pair import tokens_label
 from diffquant.study.table5 import profile_pair
 from diffquant.study.verdict import verdict
@@ -231,13 +232,14 @@ def main() -> None:
     write_outputs(out, results, table5)
     if not args.no_zeroshot:
         zeroshot(out, [p for p in pairs if p["tokens"] >= args.zeroshot_min_tokens])
-    blocks = {}
-    for run, tag in [(run, "") for run in long_runs()] + [(run, STREAMED_TAG) for run in long_runs(STREAMED_ROOT)]:
-        if logs := long_logs(run):
+    runs, blocks = run_logs(), {}
+    for (run, tag), logs in runs.items():
+        if logs:
             plot_tracked(logs, out / f"long-emergence{emergence_suffix(run)}{tag}.png")
         if "transformer" in logs and "diff" in logs:
             blocks[run.name + tag] = block_means(logs["transformer"], logs["diff"], EMERGENCE_BLOCK)
     write_emergence(out, blocks)
+    write_fresh_curves(out, fresh_runs(runs))
     for pair in pairs:  # the emergence curves of pairs with the gated / clipped arms
         if len(pair["checkpoints"]) > 2:
             logs = {arch: json.loads((REPO / path).parent.joinpath("train_log.json").read_text())
@@ -276,6 +278,18 @@ def zeroshot(out: Path, pairs: list[dict]) -> None:
         with needs_weights(pair):
             verdicts.append(zeroshot_check(pair, path(pair["pair"]), batch_size=BATCH))
     write_zeroshot(out, verdicts, lambda v: read_records(path(v["pair"])))
+
+
+def run_logs() -> dict[tuple[Path, str], dict[str, dict]]:
+    """Every long and streamed run's train logs (``long_logs``), keyed by (run folder, the tag of its pairs)."""
+    runs = {(run, ""): long_logs(run) for run in long_runs()}
+    return runs | {(run, STREAMED_TAG): long_logs(run) for run in long_runs(STREAMED_ROOT)}
+
+
+def fresh_runs(runs: dict[tuple[Path, str], dict[str, dict]]) -> dict[str, tuple[dict, dict]]:
+    """Each streamed run's logs with those of the corpus run of its preset, rate and seed, by its pairs' run name."""
+    return {run.name + tag: (logs, runs[LONG_ROOT / run.name, ""]) for (run, tag), logs in runs.items()
+            if tag == STREAMED_TAG and (LONG_ROOT / run.name, "") in runs}
 
 
 def long_logs(run: Path) -> dict[str, dict]:
