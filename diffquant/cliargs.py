@@ -16,7 +16,7 @@ import argparse
 import math
 from pathlib import Path
 
-from .kinds import renamed_granularity
+from .kinds import canonical_granularity
 
 NON_NEGATIVE = frozenset({"seed", "warmup_steps"})  # 0 is meaningful though not the default
 DOMAIN_CHECKED = frozenset({"bits", "act_bits", "logit_bits"})  # the quantizer's own range messages say more
@@ -30,10 +30,8 @@ OUTPUT_FLAGS = ("out", "output", "json", "plot", "training_plot")
 
 
 def act_granularity(text: str) -> str:
-    """An activation granularity flag's value: today's names only (an old name is refused with its new one)."""
-    if renamed := renamed_granularity(text):
-        raise argparse.ArgumentTypeError(renamed)
-    return text
+    """An activation granularity flag's value, the old name "tensor" read as "sequence"."""
+    return canonical_granularity(text)
 
 
 def bounded_int(dest: str, zero_ok: bool = False):

@@ -31,13 +31,13 @@ SEQUENCE = "sequence"  # one scale per sequence per probe call
 HEAD_GRANULARITIES = ("head", "head_map")  # per sequence and head (and Diff map): attention probes only
 PER_SEQUENCE_GRANULARITIES = (SEQUENCE, *HEAD_GRANULARITIES)  # a scale over whole sequences: no query chunks
 ACT_GRANULARITIES = (*PER_SEQUENCE_GRANULARITIES, "row", "token")  # row = token: one scale per vector
-LEGACY_SEQUENCE = "tensor"  # SEQUENCE's name in files written before the rename; flags and arguments refuse it
+LEGACY_SEQUENCE = "tensor"  # SEQUENCE's name before the rename: still read from files, flags and arguments
 
 
 def upgrade_legacy_granularities(data):
     """``data`` (JSON read from a file written before "tensor" was renamed "sequence": a record, quant.json, a
     QuantConfig file) with every ``"granularity": "tensor"`` spelled ``"sequence"``; a new object, ``data`` is
-    untouched. Only readers of such files call this: it is the one place the old name is accepted. Every
+    untouched (arguments and flags read the old name with ``canonical_granularity``). Every
     "granularity" in these files is an activation's (weights say ``group_size``); lists are not entered."""
     if not isinstance(data, dict):
         return data
@@ -45,8 +45,7 @@ def upgrade_legacy_granularities(data):
             for key, value in data.items()}
 
 
-def renamed_granularity(name: object) -> str | None:
-    """The one-line refusal of an old activation granularity name given as input (None for any other name)."""
-    if name == LEGACY_SEQUENCE:
-        return f"activation granularity {LEGACY_SEQUENCE!r} was renamed {SEQUENCE!r}"
-    return None
+def canonical_granularity(name: object) -> object:
+    """An activation granularity given as input, its old name ``"tensor"`` read as ``"sequence"`` (the alias
+    DESIGN.md's contract keeps: one scale per sequence); any other value as it is, for the caller to check."""
+    return SEQUENCE if name == LEGACY_SEQUENCE else name

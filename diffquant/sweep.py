@@ -48,7 +48,7 @@ from .evaluate import (
 )
 from .hf_native import check_native, is_native_hf, load_probed_hf
 from .io import check_output, locked_append
-from .kinds import SEQUENCE
+from .kinds import SEQUENCE, canonical_granularity
 from .memory import check_fits, forward_bytes
 from .progress import progress_bar
 from .quant import ActQuant, QuantConfig, WeightQuant, quantize, weight_method, weight_methods
@@ -135,7 +135,7 @@ def make_scheme(target: str, granularity: str | None = None, group_size: int | N
     else:
         if group_size is not None:
             raise ValueError("--group-size applies to weight targets only")
-        scheme = Scheme(target, granularity or SEQUENCE)
+        scheme = Scheme(target, canonical_granularity(granularity) or SEQUENCE)  # records say "sequence"
     scheme.config(4)  # the quantizer's own checks (granularity names, 'head' on hidden states, ...)
     return scheme
 

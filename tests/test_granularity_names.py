@@ -1,5 +1,5 @@
-"""One name per activation granularity: "sequence" in, "sequence" out; "tensor" (its name before the rename) is read
-only from files written before it, and refused with its new name as a flag or an argument."""
+"""One name per activation granularity out: "sequence". Its name before the rename, "tensor", stays accepted as an
+alias (DESIGN.md's contract): in files written before it, as a flag and as an argument, always read as "sequence"."""
 
 import json
 from pathlib import Path
@@ -9,11 +9,11 @@ import torch
 
 from diffquant import build_model
 from diffquant.checkpoint import load_quantized, save_quantized
-from diffquant.cli import main
+from diffquant.cli import build_parser
 from diffquant.commands.info import quantization_summary
-from diffquant.kinds import SEQUENCE, upgrade_legacy_granularities
+from diffquant.kinds import ATTN_LOGITS, SEQUENCE, upgrade_legacy_granularities
 from diffquant.quant import ActQuant, QuantConfig, quantize_model
-from diffquant.quant.act import act_granularity
+from diffquant.quant.act import act_granularity, quantize_activation
 from diffquant.quant.numerics import PerTensor, as_granularity
 from diffquant.records import read_records
 from diffquant.sweep import make_scheme
@@ -21,7 +21,6 @@ from tests.conftest import tiny_config
 from tests.helpers import randomize_
 
 OLD_RECORDS = Path(__file__).parent / "fixtures" / "records.jsonl"  # written when "sequence" was "tensor"
-RENAMED = "'tensor' was renamed 'sequence'"
 
 
 def test_records_written_before_the_rename_read_as_sequence():
@@ -77,35 +76,33 @@ def test_a_quant_config_file_written_before_the_rename_loads(tmp_path):
     (tmp_path / "quant.json").write_text(text)
     assert QuantConfig.from_json_file(tmp_path / "quant.json") == QuantConfig(logits=ActQuant(4, SEQUENCE))
     assert QuantConfig.from_json(tmp_path / "quant.json") == QuantConfig(logits=ActQuant(4, SEQUENCE))
-    with pytest.raises(ValueError, match=RENAMED):  # text is an argument, not a file from before
-        QuantConfig.from_json_text(text)
+    assert QuantConfig.from_json_text(text) == QuantConfig(logits=ActQuant(4, SEQUENCE))
 
 
-@pytest.mark.parametrize("make", [
-    lambda: ActQuant(4, "tensor"),
-    lambda: QuantConfig.from_dict({"logits": {"granularity": "tensor"}}),
-    lambda: act_granularity("tensor", 4),
-    lambda: make_scheme("attn_logits", "tensor"),
-])
-def test_the_old_name_as_an_argument_is_refused_with_its_new_one(make):
-    with pytest.raises(ValueError, match=RENAMED) as info:
-        make()
-    assert "\n" not in str(info.value)
+def test_the_old_name_as_an_argument_is_read_as_sequence():
+    assert ActQuant(4, "tensor") == ActQuant(4, SEQUENCE) and ActQuant(4, "tensor").granularity == SEQUENCE
+    assert QuantConfig.from_dict({"logits": {"granularity": "tensor"}}).logits.granularity == SEQUENCE
+    assert act_granularity("tensor", 4) == act_granularity(SEQUENCE, 4)
+    assert make_scheme("attn_logits", "tensor") == make_scheme("attn_logits", SEQUENCE)
+    with pytest.raises(ValueError, match="unknown activation granularity 'tensr'"):
+        ActQuant(4, "tensr")
+
+
+def test_the_old_name_quantizes_exactly_as_sequence():
+    x = torch.randn(3, 4, 2, 7, 7) * torch.rand(3, 1, 1, 1, 1) * 50  # a scale per sequence that differs
+    old, new = (quantize_activation(x, ActQuant(4, name), kind=ATTN_LOGITS) for name in ("tensor", SEQUENCE))
+    assert torch.equal(old, new) and not torch.equal(new, x)
 
 
 def test_tensor_stays_the_whole_tensor_for_tensor_level_quantizers():
     assert as_granularity("tensor") == PerTensor()
 
 
-@pytest.mark.parametrize("argv", [
-    ["sweep", "a", "b", "--out", "r.jsonl", "--tasks", "tinystories", "--target", "attn_logits",
-     "--granularity", "tensor"],
-    ["quantize", "a", "--out", "q", "--logit-bits", "4", "--logit-granularity", "tensor"],
-    ["quantize", "a", "--out", "q", "--act-bits", "8", "--act-granularity", "tensor"],
+@pytest.mark.parametrize(("argv", "dest"), [
+    (["sweep", "a", "b", "--out", "r.jsonl", "--tasks", "tinystories", "--target", "attn_logits",
+      "--granularity", "tensor"], "granularity"),
+    (["quantize", "a", "--out", "q", "--logit-bits", "4", "--logit-granularity", "tensor"], "logit_granularity"),
+    (["quantize", "a", "--out", "q", "--act-bits", "8", "--act-granularity", "tensor"], "act_granularity"),
 ])
-def test_the_old_name_as_a_flag_is_a_one_line_error(argv, tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)
-    assert main(argv) == 2
-    captured = capsys.readouterr()
-    assert RENAMED in captured.err and captured.err.count("\n") == 1 and "Traceback" not in captured.err
-    assert not list(tmp_path.iterdir())  # refused before anything was read or written
+def test_the_old_name_as_a_flag_is_read_as_sequence(argv, dest):
+    assert getattr(build_parser().parse_args(argv), dest) == SEQUENCE

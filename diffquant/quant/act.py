@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from diffquant.kinds import ATTENTION_KINDS, MAP_KINDS, renamed_granularity
+from diffquant.kinds import ATTENTION_KINDS, MAP_KINDS, canonical_granularity
 from diffquant.probes import Probe, padding_mask
 from diffquant.quant.config import (
     HEAD_GRANULARITIES,
@@ -40,6 +40,7 @@ def act_granularity(granularity: str, ndim: int, kind: str | None = None) -> Per
     """
     if ndim < 2:
         raise ValueError(f"activation quantization needs a batch dim and a feature dim, got a {ndim}-d tensor")
+    granularity = canonical_granularity(granularity)
     if granularity == SEQUENCE:
         return PerAxis((0,))
     if granularity in ("row", "token"):
@@ -50,7 +51,7 @@ def act_granularity(granularity: str, ndim: int, kind: str | None = None) -> Per
                              f"not to {kind or 'this tensor'}")
         diff_maps = kind in MAP_KINDS and ndim == 5
         return PerAxis((0, 1, 2) if diff_maps and granularity == "head_map" else (0, 1))
-    raise ValueError(renamed_granularity(granularity) or f"unknown activation granularity {granularity!r}")
+    raise ValueError(f"unknown activation granularity {granularity!r}")
 
 
 def quantize_activation(

@@ -39,7 +39,7 @@ from ..kinds import (
     HIDDEN,
     PER_SEQUENCE_GRANULARITIES,  # noqa: F401  (re-exported)
     SEQUENCE,
-    renamed_granularity,
+    canonical_granularity,
     upgrade_legacy_granularities,
 )
 from .registry import weight_method, weight_methods
@@ -176,8 +176,7 @@ class ActQuant(_PlainFields):
     def __post_init__(self) -> None:
         if not _is_int(self.bits) or not 2 <= self.bits <= 16:
             raise ValueError(f"bits must be an integer in 2..16 (16: unquantized), got {self.bits!r}")
-        if renamed := renamed_granularity(self.granularity):
-            raise ValueError(renamed)
+        object.__setattr__(self, "granularity", canonical_granularity(self.granularity))  # frozen: set once, here
         if self.granularity not in ACT_GRANULARITIES:
             raise ValueError(f"unknown activation granularity {self.granularity!r}; "
                              f"expected one of {', '.join(ACT_GRANULARITIES)}")
