@@ -10,7 +10,7 @@ PY=${PY:-.venv/bin/python}
 DQ=${DQ:-.venv/bin/diffquant}
 CORPUS=experiments/corpus/realtext-512
 RUNS=experiments/campaign/realtext
-# the manifest is committed, the shards are not: a clone redraws them (same bytes: the manifest's sha256 check them)
+# the manifest is committed, the shards are not: a clone redraws them (the same bytes; training checks their sha256)
 [ -f "$CORPUS/shard_00000.bin" ] || "$PY" experiments/campaign/realtext_corpus.py --out "$CORPUS"
 mkdir -p "$RUNS"
 for arch in transformer diff; do
