@@ -41,8 +41,8 @@ def upgrade_legacy_granularities(data):
     "granularity" in these files is an activation's (weights say ``group_size``); lists are not entered."""
     if not isinstance(data, dict):
         return data
-    return {key: SEQUENCE if (key, value) == ("granularity", LEGACY_SEQUENCE) else upgrade_legacy_granularities(value)
-            for key, value in data.items()}
+    return {key: canonical_granularity(value) if key == "granularity" and isinstance(value, str)
+            else upgrade_legacy_granularities(value) for key, value in data.items()}
 
 
 def canonical_granularity(name: object) -> object:
