@@ -183,20 +183,41 @@ def read_json_file(path: str | os.PathLike, what: str | None = None) -> dict:
 
 @contextmanager
 def locked_append(path: str | os.PathLike):
-    """``path`` opened for appending by one writer at a time: a second one gets a one-line UserError."""
+    """``path`` opened for appending text by one writer at a time: a second one gets a one-line UserError. A name
+    ending in ``.gz`` takes each ``write`` as one gzip member (:class:`GzipMemberWriter`)."""
     import fcntl  # POSIX only, like the rest of the crash-safety machinery
 
     path = check_output(path)
-    with path.open("a", encoding="utf-8") as fh:
+    gz = path.suffix == ".gz"
+    with path.open("ab" if gz else "a", **({} if gz else {"encoding": "utf-8"})) as fh:
         try:
             fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise UserError(f"another process is writing {path}; wait for it to finish or choose another file") \
                 from None
         try:
-            yield fh
+            yield GzipMemberWriter(fh) if gz else fh
         finally:
             fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+class GzipMemberWriter:
+    """A binary file taking text: each ``write`` appended as one complete gzip member, so a crash can cut only the
+    last member (which the reader skips), and concatenated members are one valid gzip file."""
+
+    def __init__(self, fh):
+        self._fh = fh
+
+    def write(self, text: str) -> int:
+        import gzip  # lazy: only compressed records need it
+
+        return self._fh.write(gzip.compress(text.encode("utf-8"), mtime=0))
+
+    def flush(self) -> None:
+        self._fh.flush()
+
+    def fileno(self) -> int:
+        return self._fh.fileno()
 
 
 class JsonConfig:

@@ -1,7 +1,9 @@
 """Sweep records, the one module that knows their format: schema, keys, validation, reading, appending, the
 checkpoint sha256 and label (pure: no torch, no model). The sweep writes with it, the report reads with it.
 
-A records file holds JSON objects, one per line (see docs/ARCHITECTURE.md, section 6.3). Names that changed are
+A records file holds JSON objects, one per line (see docs/ARCHITECTURE.md, section 6.3); a name ending in ``.gz``
+holds the same lines gzip-compressed (a finished file compressed with ``gzip -n``, or one gzip member per appended
+record: :func:`~diffquant.io.locked_append`), read and appended to alike. Names that changed are
 read in their old spelling too and normalised on input (:func:`canonical_record`): granularity ``"tensor"`` is
 ``"sequence"`` (:func:`diffquant.kinds.upgrade_legacy_granularities`), target ``"probs"`` is ``"attn_probs"``.
 """
@@ -16,6 +18,7 @@ import logging
 import math
 import os
 import platform
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -84,6 +87,8 @@ def _hashable(value):
 
 
 READ_PROGRESS_BYTES = 64 << 20  # reading a records file larger than this shows a progress bar
+GZIP_SUFFIX = ".gz"
+GZIP_READ_BYTES = 1 << 20
 
 
 def read_records(path: str | os.PathLike, missing_ok: bool = False, compact: bool = False) -> list[dict]:
@@ -103,7 +108,7 @@ def read_records(path: str | os.PathLike, missing_ok: bool = False, compact: boo
     with path.open("rb") as fh, _without_cycle_collection(), progress_bar(
             total=size, desc=f"reading {path.name}", unit="B", unit_scale=True, leave=False,
             disable=size < READ_PROGRESS_BYTES) as bar:
-        for lineno, raw in enumerate(fh, 1):
+        for lineno, raw in enumerate(_record_lines(path, fh), 1):
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError:
@@ -111,8 +116,47 @@ def read_records(path: str | os.PathLike, missing_ok: bool = False, compact: boo
             rec = _parse_line(path, lineno, line)
             if rec is not None:
                 records.append(compact_units(rec) if compact else rec)
-            bar.update(len(raw))
+            bar.update(fh.tell() - bar.n)
     return records
+
+
+def _record_lines(path: Path, fh):
+    """The raw lines of an open records file: as they are, or decompressed from its complete gzip members."""
+    if path.suffix != GZIP_SUFFIX:
+        yield from fh
+        return
+    tail = b""  # a line may run on into the next member
+    for text, _ in _gzip_members(path, fh):
+        lines = (tail + text).splitlines(keepends=True)
+        tail = lines.pop() if lines and not lines[-1].endswith(b"\n") else b""
+        yield from lines
+    if tail:
+        yield tail
+
+
+def _gzip_members(path: Path, fh):
+    """(uncompressed bytes, file offset after it) of each complete gzip member of ``fh`` (CRC and length checked
+    by zlib), in order. A cut-off last member, what an interrupted append leaves, is not yielded; bytes that are
+    not gzip are a one-line ValueError."""
+    end, pending = 0, b""
+    while True:
+        pending = pending or fh.read(GZIP_READ_BYTES)
+        if not pending:
+            return
+        member, parts, used = zlib.decompressobj(wbits=31), [], 0  # wbits 31: a gzip header and trailer
+        while not member.eof:
+            pending = pending or fh.read(GZIP_READ_BYTES)
+            if not pending:
+                log.warning("%s: skipping a truncated last record (interrupted sweep?)", path)
+                return
+            try:
+                parts.append(member.decompress(pending))
+            except zlib.error as exc:
+                raise ValueError(f"{path} is not a gzip-compressed records file ({exc})") from None
+            used += len(pending) - len(member.unused_data)
+            pending = member.unused_data
+        end += used
+        yield b"".join(parts), end
 
 
 @contextlib.contextmanager
@@ -246,6 +290,9 @@ def repair_tail(path: Path) -> None:
     on a file :func:`read_records` accepted: a tail that does not start a JSON object is refused, never cut."""
     if not path.is_file():
         return
+    if path.suffix == GZIP_SUFFIX:
+        _repair_gzip_tail(path)
+        return
     data = path.read_bytes()
     if not data or data.endswith(b"\n"):
         return
@@ -260,6 +307,20 @@ def repair_tail(path: Path) -> None:
         return
     with path.open("ab") as fh:
         fh.write(b"\n")
+
+
+def _repair_gzip_tail(path: Path) -> None:
+    """:func:`repair_tail` of a gzip records file: cut a cut-off last member. A complete member that ends inside a
+    line (never written by :func:`append_record`) is refused: cutting it would rewrite whole records."""
+    end, last = 0, b"\n"
+    with path.open("rb") as fh:
+        for text, member_end in _gzip_members(path, fh):
+            end, last = member_end, text or last
+    if not last.endswith(b"\n"):
+        raise ValueError(f"{path}: its text ends inside a line; decompress it (gunzip) and resume on the plain file")
+    if end < path.stat().st_size:
+        log.warning("%s: removing a truncated last record", path)
+        os.truncate(path, end)
 
 
 def append_record(fh, record: dict) -> None:

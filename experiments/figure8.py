@@ -5,7 +5,7 @@
 Dynamic post-training absmax quantization of the attention logits, one scale per sequence (the paper's
 per-tensor setting as far as it is stated), scored by rolling perplexity on WikiText-2 and the held-out books
 and by zero-shot accuracy (seeded item subsets; ``--scale`` multiplies every limit). Then the same grid for
-weights (RTN, GPTQ) and 8-bit Linear inputs. Records go to experiments/results/figure8.jsonl (resumable:
+weights (RTN, GPTQ) and 8-bit Linear inputs. Records go to experiments/results/figure8.jsonl.gz (resumable:
 rerunning skips finished cells), tables to figure8.md, the plot to figure8.png.
 """
 
@@ -21,6 +21,7 @@ from diffquant.pairs import pair_checkpoints
 from diffquant.plots import plot_degradation
 from diffquant.records import read_records
 from diffquant.report import render_report
+from diffquant.study.figure8 import records_path
 from diffquant.sweep import run_sweep
 
 REPO = Path(__file__).resolve().parent.parent
@@ -45,7 +46,7 @@ def main() -> None:
     args = parser.parse_args()
     os.chdir(REPO)
     out = Path(args.out)
-    records_path = out / "figure8.jsonl"
+    path = records_path(out, "figure8")
     try:
         pair = pair_checkpoints(PAIR, relative_to=REPO)
     except UserError as exc:
@@ -54,9 +55,9 @@ def main() -> None:
         bits, extra = TARGETS[target]
         for task in args.tasks.split(","):
             limit = max(1, round(TASKS[task] * args.scale))
-            run_sweep(pair, records_path, target, bits=bits, tasks=[task], limit=limit, subset="random", seed=0,
+            run_sweep(pair, path, target, bits=bits, tasks=[task], limit=limit, subset="random", seed=0,
                       batch_size=16, **extra)
-    records = read_records(records_path)
+    records = read_records(path)
     text = render_report(records, fmt="markdown")
     atomic_write_text(out / "figure8.md", f"Produced by `python experiments/figure8.py --scale {args.scale}`\n\n"
                       + text + "\n")

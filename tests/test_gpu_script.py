@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from diffquant.records import read_records
 from diffquant.study.figure8 import GRANULARITIES
 
 from .helpers import load_script
@@ -41,7 +42,7 @@ def test_dry_run_samples_trains_and_evaluates_every_pair(script, dry_run):
         assert set(pair["logit_top1"]) == {"transformer", "diff"} and isinstance(pair["gate"], bool)
         table5 = json.loads((out / "table5" / f"{pair['pair']}.json").read_text())
         assert table5["diff"]["sites"]["attn_logits"]["count"] > 0
-        records = [json.loads(line) for line in (out / "figure8" / f"{pair['pair']}.jsonl").read_text().splitlines()]
+        records = read_records(out / "figure8" / f"{pair['pair']}.jsonl.gz")  # written compressed
         tasks = len(script.DRY.sweep_limits)
         assert len(records) == 2 * tasks * (1 + 3 * len(GRANULARITIES))  # models x tasks x (16 + bits x gran.)
     for name in ("gate.md", "seeds.md", "table5.md", "figure8.md", "trend.md", "trend.png", "zeroshot.md",

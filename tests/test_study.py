@@ -1,6 +1,7 @@
 """The study (diffquant.study): the gate, where top values sit, and the statistics over seeds (the end-to-end path
 through profile and sweep runs in tests/test_gpu_script.py's dry run)."""
 
+import gzip
 import json
 import math
 import random
@@ -353,13 +354,25 @@ def test_zeroshot_end_to_end_on_tiny_checkpoints(tmp_path):
     models = {arch: randomize_(dq.build_model(tiny_config(arch, vocab_size=8192))) for arch in ("transformer", "diff")}
     ckpts = {arch: str(dq.save_checkpoint(model, tmp_path / arch)) for arch, model in models.items()}
     pair = {"pair": "tiny", "tokens": 1, "checkpoints": ckpts}
-    records = zeroshot.zeroshot_pair(pair, tmp_path / "zs.jsonl", tasks={"copa": 8}, batch_size=4)
+    path = zeroshot.zeroshot_path(tmp_path, pair)
+    records = zeroshot.zeroshot_pair(pair, path, tasks={"copa": 8}, batch_size=4)
+    assert path.name == "tiny.jsonl.gz" and gzip.decompress(path.read_bytes()).count(b"\n") == 2
     assert sorted(r["arch"] for r in records) == ["diff", "transformer"] and {r["bits"] for r in records} == {16}
     v = zeroshot.zeroshot_verdict(pair, records, n_permutations=500)
     assert len(v["tests"]) == 4 and all(t["n"] == 8 for t in v["tests"])
     outputs.write_zeroshot(tmp_path, [v], lambda _: records)
     assert json.loads((tmp_path / "zeroshot.json").read_text())[0]["pair"] == "tiny"
     assert (tmp_path / "zeroshot.md").read_text().count("| tiny ") == 2
+
+
+def test_study_records_are_written_compressed_and_older_plain_ones_still_found(tmp_path):
+    from diffquant.study.figure8 import records_path, sweep_path
+
+    assert sweep_path(tmp_path, {"pair": "p"}) == tmp_path / "figure8" / "p.jsonl.gz"
+    (tmp_path / "old.jsonl").write_text("")
+    assert records_path(tmp_path, "old") == tmp_path / "old.jsonl"  # an older output, read where it is
+    (tmp_path / "old.jsonl.gz").write_bytes(b"")
+    assert records_path(tmp_path, "old") == tmp_path / "old.jsonl.gz"  # both: the compressed one is today's
 
 
 def test_a_sweep_of_parked_weights_reuses_complete_records_and_refuses_new_cells(tmp_path):

@@ -1,5 +1,6 @@
 """Sweeps on tiny saved checkpoints (both archs): records, resume, equality with plain evaluation, CLI errors;
 and the lm-eval adapter (tests run only where lm_eval imports)."""
+import gzip
 import importlib.util
 import json
 import os
@@ -162,6 +163,33 @@ def test_interrupted_and_resumed_equals_uninterrupted(setup, full, tmp_path, mon
     resumed = _untimed(read_records(out))
     expected = [r for r in _untimed(full[1]) if r["bits"] in (16, 4) and r["kind"] != "lambada"]
     assert len(resumed) == 8 and sorted(resumed, key=repr) == sorted(expected, key=repr)
+
+
+def test_a_gzip_records_file_resumes_like_a_plain_one(setup, full, tmp_path, monkeypatch):
+    """``--out x.jsonl.gz``: one gzip member a record; killed mid-append (a cut-off member), resumed: the same
+    records as the plain file, and a finished sweep compressed with gzip is complete as it stands."""
+    out, grid = tmp_path / "r.jsonl.gz", dict(bits=[16, 4], tasks=["copa"])
+    real = sweep.evaluate_cell
+    calls = []
+
+    def dies_after_one(*args, **kwargs):
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sweep, "evaluate_cell", dies_after_one)
+    with pytest.raises(KeyboardInterrupt):
+        _sweep(setup, out, **grid)
+    with out.open("ab") as fh:
+        fh.write(gzip.compress(b'{"checkpoint": "cut off"}\n')[:-5])  # a member killed before its trailer
+    monkeypatch.setattr(sweep, "evaluate_cell", real)
+    assert _sweep(setup, out, **grid)["written"] == 3
+    expected = [r for r in _untimed(full[1]) if r["bits"] in (16, 4) and r["task"] == "copa"]
+    assert sorted(_untimed(read_records(out)), key=repr) == sorted(expected, key=repr)
+    whole = tmp_path / "whole.jsonl.gz"  # `gzip -n` of a finished plain sweep: one member
+    whole.write_bytes(gzip.compress((setup[2] / "full.jsonl").read_bytes(), mtime=0))
+    assert _sweep(setup, whole)["written"] == 0 and read_records(whole) == full[1]
 
 
 def test_finished_sweep_loads_no_model(setup, full, monkeypatch):

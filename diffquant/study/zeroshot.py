@@ -10,7 +10,7 @@ from ..kinds import ATTN_LOGITS
 from ..records import read_records
 from ..tables import render
 from .cells import fmt, yes_no
-from .figure8 import sweep_or_reuse, sweep_pair
+from .figure8 import records_path, sweep_or_reuse, sweep_pair
 
 log = logging.getLogger(__name__)
 
@@ -18,6 +18,11 @@ log = logging.getLogger(__name__)
 ZEROSHOT_TASKS = {"copa": None, "piqa": 500, "winogrande": 500, "arc_easy": 500, "openbookqa": 500, "boolq": 500,
                   "hellaswag": 200}
 ZEROSHOT_ALPHA = 0.05  # family-wise, Bonferroni over every (task, arm, metric) of a pair
+
+
+def zeroshot_path(out: Path, pair: dict) -> Path:
+    """Where a pair's zero-shot records (and Figure 8 on its tasks above chance) live under an output folder."""
+    return records_path(Path(out) / "zeroshot", pair["pair"])
 
 
 def zeroshot_pair(pair: dict, path: Path, tasks: dict[str, int | None] = ZEROSHOT_TASKS, batch_size: int = 32,

@@ -54,7 +54,7 @@ from diffquant.study.outputs import write_emergence, write_fresh_curves, write_o
 from diffquant.study.pair import tokens_label
 from diffquant.study.table5 import profile_pair
 from diffquant.study.verdict import verdict
-from diffquant.study.zeroshot import zeroshot_check
+from diffquant.study.zeroshot import zeroshot_check, zeroshot_path
 from diffquant.tokenizer import Tokenizer
 from diffquant.tracking import diff_lambdas
 
@@ -270,14 +270,11 @@ def needs_weights(pair: dict):
 
 def zeroshot(out: Path, pairs: list[dict]) -> None:
     """The zero-shot tasks each pair answers above chance, and Figure 8 on those tasks only."""
-    def path(name: str) -> Path:
-        return out / "zeroshot" / f"{name}.jsonl"
-
     verdicts = []
     for pair in pairs:
         with needs_weights(pair):
-            verdicts.append(zeroshot_check(pair, path(pair["pair"]), batch_size=BATCH))
-    write_zeroshot(out, verdicts, lambda v: read_records(path(v["pair"])))
+            verdicts.append(zeroshot_check(pair, zeroshot_path(out, pair), batch_size=BATCH))
+    write_zeroshot(out, verdicts, lambda v: read_records(zeroshot_path(out, v)))
 
 
 def run_logs() -> dict[tuple[Path, str], dict[str, dict]]:

@@ -8,7 +8,7 @@
 whole real cased TinyStories held-out text (Table 5, global protocol) and swept at 16/8/6/4 bits over the three
 scale granularities on that text and 200 windows of the held-out books (Figure 8): ``run_gpu.FULL``'s settings
 (sequence length 512, batch 32), only the device differs. Outputs under ``--out``: ``table5/PAIR.json``,
-``figure8/PAIR.jsonl``, ``PAIR.json`` (the verdict), and ``five-pairs/`` — the verdict files of the four pairs the
+``figure8/PAIR.jsonl.gz``, ``PAIR.json`` (the verdict), and ``five-pairs/`` — the verdict files of the four pairs the
 H200 evaluated plus this one (``diffquant.study.outputs.write_outputs``; its figure8 records are copies of the run's).
 """
 
@@ -69,10 +69,9 @@ def five_pairs(run: Path, out: Path, new: dict, new_table5: dict) -> None:
     results = json.loads((run / "pairs.json").read_text())
     table5 = {r["pair"]: json.loads((run / "table5" / f"{r['pair']}.json").read_text()) for r in results}
     folder = out / "five-pairs"
-    for r in results:
-        sweep_path(folder, r).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(sweep_path(run, r), sweep_path(folder, r))
-    shutil.copyfile(sweep_path(out, new), sweep_path(folder, new))
+    (folder / "figure8").mkdir(parents=True, exist_ok=True)
+    for source in [sweep_path(run, r) for r in results] + [sweep_path(out, new)]:
+        shutil.copyfile(source, folder / "figure8" / source.name)  # plain or gzip: the name says which
     note = (f"{new['pair']} evaluated on the CPU by experiments/gpu/evaluate_skipped.py (the H200's time guard "
             "skipped it); the other pairs on the H200. Same checkpoints, text, windows and settings.\n\n")
     write_outputs(folder, sorted(results + [new], key=lambda r: (r["tokens"], r["seed"])),

@@ -31,7 +31,7 @@ Steps (each phase has a deadline; the script stops gracefully and evaluates what
 3. **Verdicts** on every pair, largest budget of each group first, while time lasts: the Table-5 profile
    (all ~100K tokens of the real cased TinyStories held-out text, global protocol; ``table5/PAIR.json``), the
    Figure-8 sweep of the attention logits at 16/8/6/4 bits with the three scale granularities below on that text
-   and on the held-out books (``figure8/PAIR.jsonl``), and issue 13's gate per pair: Transformer logit top-1 ≥ 100
+   and on the held-out books (``figure8/PAIR.jsonl.gz``), and issue 13's gate per pair: Transformer logit top-1 ≥ 100
    and 4-bit per-sequence logits at least doubling its TinyStories perplexity.
 4. **Outputs** under ``--out`` (``diffquant.study.outputs.write_outputs``): ``pairs.json``, ``gate.md`` (with the
    memorisation column), ``table5.md``, ``figure8.md``, ``seeds.md`` / ``seeds.json``, ``trend.md`` /
@@ -90,7 +90,7 @@ from diffquant.study.outputs import write_emergence, write_outputs, write_zerosh
 from diffquant.study.pair import tokens_label
 from diffquant.study.table5 import profile_pair
 from diffquant.study.verdict import verdict
-from diffquant.study.zeroshot import ZEROSHOT_TASKS, zeroshot_check
+from diffquant.study.zeroshot import ZEROSHOT_TASKS, zeroshot_check, zeroshot_path
 from diffquant.tokenizer import tokenizer_file_name, tokenizer_for
 from diffquant.train import TrainConfig, TrainingDiverged, train
 
@@ -505,10 +505,6 @@ def zeroshot_all(ctx: Context, results: list[dict]) -> list[dict]:
                                        plan.device))
         ctx.zeroshot_seconds = time.perf_counter() - start
     return verdicts
-
-
-def zeroshot_path(out: Path, pair: dict) -> Path:
-    return out / "zeroshot" / f"{pair['pair']}.jsonl"
 
 
 # ------------------------------------------------------------------------------------------------ 4. outputs

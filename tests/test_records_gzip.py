@@ -1,0 +1,92 @@
+"""Gzip records files (``.jsonl.gz``): what the plain reader promises — same records, a cut-off last write
+skipped and repaired, bad bytes refused in one line — on members appended one record at a time or on one
+member of a whole file; the checksum zlib verifies is what tells a cut-off member from a complete one."""
+import gzip
+import json
+import random
+
+import pytest
+
+from diffquant.io import locked_append
+from diffquant.records import append_record, read_records, repair_tail
+
+
+def _records(n: int, seed: int) -> list[dict]:
+    rng = random.Random(seed)
+    return [{"checkpoint": f"ckpt-{rng.randrange(10**6)}", "bits": rng.choice([4, 6, 8, 16]), "task": "copa",
+             "kind": "multiple_choice",
+             "metrics": {"acc": rng.random(), "acc_norm": rng.random(),
+                         "items": [{"id": i, "ll": [rng.gauss(-30, 10), rng.gauss(-30, 10)]}
+                                   for i in range(rng.randrange(1, 200))]}} for _ in range(n)]
+
+
+def _append(path, records):
+    with locked_append(path) as fh:
+        for rec in records:
+            append_record(fh, rec)
+
+
+@pytest.fixture
+def written(tmp_path):
+    records = _records(7, seed=random.randrange(10**6))
+    path = tmp_path / "r.jsonl.gz"
+    _append(path, records[:4])
+    _append(path, records[4:])  # a second writer appends members to the same file
+    return path, records
+
+
+def test_appended_members_read_as_the_plain_file_does(written, tmp_path):
+    path, records = written
+    plain = tmp_path / "r.jsonl"
+    _append(plain, records)
+    assert read_records(path) == read_records(plain) == records
+    assert gzip.decompress(path.read_bytes()) == plain.read_bytes()  # one valid gzip file: `zcat` reads it
+
+
+def test_one_member_of_a_whole_file_reads_the_same(written, tmp_path):
+    path, records = written
+    whole = tmp_path / "whole.jsonl.gz"
+    whole.write_bytes(gzip.compress(gzip.decompress(path.read_bytes()), mtime=0))
+    assert read_records(whole) == records
+
+
+def test_every_cut_inside_the_last_member_loses_that_record_only(written, caplog):
+    path, records = written
+    data = path.read_bytes()
+    last = len(gzip.compress((json.dumps(records[-1]) + "\n").encode(), mtime=0))
+    start = len(data) - last
+    cuts = {start + 1, start + 10, len(data) - 8, len(data) - 1} | set(random.sample(range(start + 1, len(data)), 6))
+    for cut in sorted(cuts):
+        path.write_bytes(data[:cut])
+        assert read_records(path) == records[:-1], cut
+        repair_tail(path)
+        assert path.stat().st_size == start  # the cut-off member is gone, every whole one kept
+        _append(path, records[-1:])
+        assert read_records(path) == records and path.read_bytes() == data
+    assert "truncated last record" in caplog.text
+
+
+def test_a_member_ending_inside_a_line_is_read_but_not_cut(tmp_path):
+    """A gzip'ed text cut short before compressing: its partial line is skipped like a plain file's, but resuming
+    on it is refused (cutting inside a member would rewrite the records around it), the file left as it was."""
+    path, records = tmp_path / "r.jsonl.gz", _records(2, seed=1)
+    path.write_bytes(gzip.compress((json.dumps(records[0]) + "\n" + json.dumps(records[1])[:50]).encode()))
+    before = path.read_bytes()
+    assert read_records(path) == records[:1]
+    with pytest.raises(ValueError, match="ends inside a line; decompress it"):
+        repair_tail(path)
+    assert path.read_bytes() == before
+
+
+@pytest.mark.parametrize("damage", ["not gzip", "flipped byte"])
+def test_damaged_bytes_are_a_one_line_error(written, damage):
+    path, _ = written
+    data = bytearray(path.read_bytes())
+    if damage == "not gzip":
+        data = bytearray(b"{\"bits\": 4}\n") + data
+    else:
+        data[len(data) // 2] ^= 0xFF  # inside a member's deflate data or checksum: zlib refuses it
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="not a gzip-compressed records file") as info:
+        read_records(path)
+    assert "\n" not in str(info.value)
