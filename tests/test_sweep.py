@@ -140,25 +140,30 @@ def test_full_text_record_equals_text_perplexity(setup, tmp_path):
 
 # ------------------------------------------------------------------------------------------------ resume
 
-def test_interrupted_and_resumed_equals_uninterrupted(setup, full, tmp_path, monkeypatch):
-    """Killed after 3 of 8 cells, resumed: the same records as the uninterrupted sweep (``full`` holds them)."""
-    out, grid = tmp_path / "r.jsonl", dict(bits=[16, 4], tasks=[setup[1], "copa"])
+def _killed_after(cells: int, setup, out, grid, monkeypatch) -> None:
+    """A sweep to ``out`` interrupted (KeyboardInterrupt) once ``cells`` cells are scored."""
     real = sweep.evaluate_cell
     calls = []
 
-    def dies_after_three(*args, **kwargs):
-        if len(calls) == 3:
+    def dies(*args, **kwargs):
+        if len(calls) == cells:
             raise KeyboardInterrupt
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(sweep, "evaluate_cell", dies_after_three)
+    monkeypatch.setattr(sweep, "evaluate_cell", dies)
     with pytest.raises(KeyboardInterrupt):
         _sweep(setup, out, **grid)
+    monkeypatch.setattr(sweep, "evaluate_cell", real)
+
+
+def test_interrupted_and_resumed_equals_uninterrupted(setup, full, tmp_path, monkeypatch):
+    """Killed after 3 of 8 cells, resumed: the same records as the uninterrupted sweep (``full`` holds them)."""
+    out, grid = tmp_path / "r.jsonl", dict(bits=[16, 4], tasks=[setup[1], "copa"])
+    _killed_after(3, setup, out, grid, monkeypatch)
     assert len(read_records(out)) == 3
     with out.open("a") as fh:
         fh.write('{"checkpoint": "cut off in the mid')  # what a kill during a write leaves
-    monkeypatch.setattr(sweep, "evaluate_cell", real)
     assert _sweep(setup, out, **grid) == {"out": str(out), "written": 5, "nonfinite": 0, "skipped": 3}
     resumed = _untimed(read_records(out))
     expected = [r for r in _untimed(full[1]) if r["bits"] in (16, 4) and r["kind"] != "lambada"]
@@ -169,21 +174,9 @@ def test_a_gzip_records_file_resumes_like_a_plain_one(setup, full, tmp_path, mon
     """``--out x.jsonl.gz``: one gzip member a record; killed mid-append (a cut-off member), resumed: the same
     records as the plain file, and a finished sweep compressed with gzip is complete as it stands."""
     out, grid = tmp_path / "r.jsonl.gz", dict(bits=[16, 4], tasks=["copa"])
-    real = sweep.evaluate_cell
-    calls = []
-
-    def dies_after_one(*args, **kwargs):
-        if len(calls) == 1:
-            raise KeyboardInterrupt
-        calls.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(sweep, "evaluate_cell", dies_after_one)
-    with pytest.raises(KeyboardInterrupt):
-        _sweep(setup, out, **grid)
+    _killed_after(1, setup, out, grid, monkeypatch)
     with out.open("ab") as fh:
         fh.write(gzip.compress(b'{"checkpoint": "cut off"}\n')[:-5])  # a member killed before its trailer
-    monkeypatch.setattr(sweep, "evaluate_cell", real)
     assert _sweep(setup, out, **grid)["written"] == 3
     expected = [r for r in _untimed(full[1]) if r["bits"] in (16, 4) and r["task"] == "copa"]
     assert sorted(_untimed(read_records(out)), key=repr) == sorted(expected, key=repr)
