@@ -491,7 +491,7 @@ def evaluate_all(ctx: Context, pairs: list[dict]) -> tuple[list[dict], dict]:
 
 def zeroshot_all(ctx: Context, results: list[dict]) -> list[dict]:
     """The zero-shot chance check on each size's best-trained evaluated pairs while time lasts, and Figure 8 on
-    the tasks where every arm is above chance (``zeroshot/PAIR.jsonl``)."""
+    the tasks where every arm is above chance (``zeroshot/PAIR.jsonl.gz``)."""
     top = {}
     for r in results:
         top[r["preset"]] = max(top.get(r["preset"], 0), r["tokens"])
