@@ -188,7 +188,7 @@ def locked_append(path: str | os.PathLike):
     import fcntl  # POSIX only, like the rest of the crash-safety machinery
 
     path = check_output(path)
-    gz = path.suffix == ".gz"
+    gz = path.suffix.lower() == ".gz"  # records.gzipped: the reader's rule
     with path.open("ab" if gz else "a", **({} if gz else {"encoding": "utf-8"})) as fh:
         try:
             fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import gzip
 import hashlib
+import io
 import json
 import logging
 import math
@@ -87,8 +89,7 @@ def _hashable(value):
 
 
 READ_PROGRESS_BYTES = 64 << 20  # reading a records file larger than this shows a progress bar
-GZIP_SUFFIX = ".gz"
-GZIP_READ_BYTES = 1 << 20
+GZIP_READ_BYTES = 1 << 16  # each member's leftover is copied: small reads keep that cheap
 
 
 def read_records(path: str | os.PathLike, missing_ok: bool = False, compact: bool = False) -> list[dict]:
@@ -122,32 +123,43 @@ def read_records(path: str | os.PathLike, missing_ok: bool = False, compact: boo
 
 def _record_lines(path: Path, fh):
     """The raw lines of an open records file: as they are, or decompressed from its complete gzip members."""
-    if path.suffix != GZIP_SUFFIX:
+    if not gzipped(path):
         yield from fh
         return
     tail = b""  # a line may run on into the next member
     for text, _ in _gzip_members(path, fh):
-        lines = (tail + text).splitlines(keepends=True)
-        tail = lines.pop() if lines and not lines[-1].endswith(b"\n") else b""
-        yield from lines
+        for line in io.BytesIO(tail + text if tail else text):  # split at b"\n" only, as the plain file is
+            tail = b"" if line.endswith(b"\n") else line
+            if not tail:
+                yield line
     if tail:
         yield tail
 
 
+def gzipped(path: Path) -> bool:
+    """Whether a records file is gzip-compressed: its name ends in ``.gz`` (any case)."""
+    return path.suffix.lower() == ".gz"
+
+
 def _gzip_members(path: Path, fh):
     """(uncompressed bytes, file offset after it) of each complete gzip member of ``fh`` (CRC and length checked
-    by zlib), in order. A cut-off last member, what an interrupted append leaves, is not yielded; bytes that are
-    not gzip are a one-line ValueError."""
+    by zlib), in order; zero bytes between or after members are padding, as gzip reads them. A cut-off last member,
+    what an interrupted append leaves, is not yielded (:func:`_cut_member`); bytes that are not gzip are a one-line
+    ValueError."""
     end, pending = 0, b""
     while True:
-        pending = pending or fh.read(GZIP_READ_BYTES)
-        if not pending:
+        chunk = pending or fh.read(GZIP_READ_BYTES)
+        if not chunk:
             return
+        pending = chunk.lstrip(b"\0")
+        end += len(chunk) - len(pending)
+        if not pending:
+            continue
         member, parts, used = zlib.decompressobj(wbits=31), [], 0  # wbits 31: a gzip header and trailer
         while not member.eof:
             pending = pending or fh.read(GZIP_READ_BYTES)
             if not pending:
-                log.warning("%s: skipping a truncated last record (interrupted sweep?)", path)
+                _cut_member(path, b"".join(parts))
                 return
             try:
                 parts.append(member.decompress(pending))
@@ -156,7 +168,17 @@ def _gzip_members(path: Path, fh):
             used += len(pending) - len(member.unused_data)
             pending = member.unused_data
         end += used
-        yield b"".join(parts), end
+        text, parts = b"".join(parts), None
+        yield text, end
+
+
+def _cut_member(path: Path, partial: bytes) -> None:
+    """A cut-off last member is one record an interrupted append left, skipped; one whose readable part already
+    holds a whole line held several (a whole file compressed at once, then cut short): refused, never dropped."""
+    if b"\n" in partial[:-1]:
+        raise ValueError(f"{path}: its last gzip member is cut off and holds several records; recover them with "
+                         "`zcat` into a plain .jsonl file and use that")
+    log.warning("%s: skipping a truncated last record (interrupted sweep?)", path)
 
 
 @contextlib.contextmanager
@@ -290,7 +312,7 @@ def repair_tail(path: Path) -> None:
     on a file :func:`read_records` accepted: a tail that does not start a JSON object is refused, never cut."""
     if not path.is_file():
         return
-    if path.suffix == GZIP_SUFFIX:
+    if gzipped(path):
         _repair_gzip_tail(path)
         return
     data = path.read_bytes()
@@ -310,17 +332,32 @@ def repair_tail(path: Path) -> None:
 
 
 def _repair_gzip_tail(path: Path) -> None:
-    """:func:`repair_tail` of a gzip records file: cut a cut-off last member. A complete member that ends inside a
-    line (never written by :func:`append_record`) is refused: cutting it would rewrite whole records."""
+    """:func:`repair_tail` of a gzip records file: cut a cut-off last member; a whole record without its newline
+    gets one. A member whose text ends inside a line (never written by :func:`append_record`) is refused: cutting
+    it would rewrite the records around it."""
     end, last = 0, b"\n"
     with path.open("rb") as fh:
         for text, member_end in _gzip_members(path, fh):
             end, last = member_end, text or last
-    if not last.endswith(b"\n"):
+        fh.seek(end)
+        cut_off = fh.read().strip(b"\0")  # what follows the last whole member, but padding
+    line = last[last.rfind(b"\n") + 1:]
+    if line and not _is_json(line):
         raise ValueError(f"{path}: its text ends inside a line; decompress it (gunzip) and resume on the plain file")
-    if end < path.stat().st_size:
+    if cut_off:
         log.warning("%s: removing a truncated last record", path)
         os.truncate(path, end)
+    if line:
+        with path.open("ab") as fh:
+            fh.write(gzip.compress(b"\n", mtime=0))
+
+
+def _is_json(data: bytes) -> bool:
+    try:
+        json.loads(data)
+    except ValueError:
+        return False
+    return True
 
 
 def append_record(fh, record: dict) -> None:

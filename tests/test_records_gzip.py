@@ -7,6 +7,8 @@ import random
 
 import pytest
 
+import diffquant.records as records_module
+from diffquant.errors import UserError
 from diffquant.io import locked_append
 from diffquant.records import append_record, read_records, repair_tail
 
@@ -78,15 +80,63 @@ def test_a_member_ending_inside_a_line_is_read_but_not_cut(tmp_path):
     assert path.read_bytes() == before
 
 
-@pytest.mark.parametrize("damage", ["not gzip", "flipped byte"])
-def test_damaged_bytes_are_a_one_line_error(written, damage):
+def test_a_whole_file_member_cut_short_is_refused_not_emptied(written, tmp_path):
+    """`gzip -n` of a finished sweep, then cut (a copy interrupted): its records are in one member, so skipping
+    the cut member would drop them all; reading and resuming refuse in one line and leave the file as it is."""
+    path, records = written
+    whole = tmp_path / "whole.jsonl.gz"
+    whole.write_bytes(gzip.compress(gzip.decompress(path.read_bytes()), mtime=0)[:-4])
+    before = whole.read_bytes()
+    for call in (read_records, repair_tail):
+        with pytest.raises(ValueError, match="cut off and holds several records; recover them with `zcat`"):
+            call(whole)
+    assert whole.read_bytes() == before
+
+
+def test_lines_running_across_members_and_padding_read_as_the_plain_file(written, tmp_path, monkeypatch):
+    """Members split anywhere in the text (bgzip does so; a bare CR is JSON whitespace, not a line end), zero bytes
+    between and after members (gzip's padding), an upper-case suffix, reads of a few bytes: the plain records."""
+    path, records = written
+    text = gzip.decompress(path.read_bytes()).replace(b", ", b",\r ")
+    cuts = sorted(random.sample(range(1, len(text)), 20))
+    members = [gzip.compress(text[a:b], mtime=0) for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+    odd = tmp_path / "odd.JSONL.GZ"
+    odd.write_bytes(b"\0\0".join(members) + b"\0" * 5)
+    monkeypatch.setattr(records_module, "GZIP_READ_BYTES", 7)
+    assert read_records(odd) == records
+    size = odd.stat().st_size
+    repair_tail(odd)  # nothing is cut
+    assert odd.stat().st_size == size
+
+
+def test_a_whole_last_record_without_its_newline_gets_one(tmp_path):
+    path, records = tmp_path / "r.jsonl.gz", _records(3, seed=2)
+    text = "".join(json.dumps(r) + "\n" for r in records[:2]).encode()
+    path.write_bytes(gzip.compress(text.rstrip(b"\n"), mtime=0))
+    assert read_records(path) == records[:2]
+    repair_tail(path)
+    _append(path, records[2:])
+    assert read_records(path) == records
+
+
+def test_members_are_written_deterministically_under_the_lock(written):
+    """mtime 0 in every member's header (equal records give equal bytes); a second writer is refused."""
+    path, _ = written
+    assert path.read_bytes()[4:8] == bytes(4)
+    with locked_append(path), pytest.raises(UserError, match="another process is writing"):
+        locked_append(path).__enter__()
+
+
+@pytest.mark.parametrize("where", ["deflate data", "checksum"])
+def test_damaged_bytes_are_a_one_line_error(written, where):
+    """Bytes zlib checks (not the header's unchecked time or OS fields) and bytes that are no gzip at all."""
     path, _ = written
     data = bytearray(path.read_bytes())
-    if damage == "not gzip":
-        data = bytearray(b"{\"bits\": 4}\n") + data
-    else:
-        data[len(data) // 2] ^= 0xFF  # inside a member's deflate data or checksum: zlib refuses it
+    data[20 if where == "deflate data" else -6] ^= 0xFF  # inside the first member's data; the last one's CRC
     path.write_bytes(bytes(data))
     with pytest.raises(ValueError, match="not a gzip-compressed records file") as info:
         read_records(path)
     assert "\n" not in str(info.value)
+    path.write_bytes(b'{"bits": 4}\n' + bytes(data))
+    with pytest.raises(ValueError, match="not a gzip-compressed records file"):
+        read_records(path)
