@@ -128,10 +128,12 @@ def _record_lines(path: Path, fh):
         return
     tail = b""  # a line may run on into the next member
     for text, _ in _gzip_members(path, fh):
-        for line in io.BytesIO(tail + text if tail else text):  # split at b"\n" only, as the plain file is
-            tail = b"" if line.endswith(b"\n") else line
-            if not tail:
+        lines, tail = io.BytesIO(tail + text if tail else text), b""  # split at b"\n" only, as the plain file is
+        for line in lines:
+            if line.endswith(b"\n"):
                 yield line
+            else:
+                tail = line
     if tail:
         yield tail
 
