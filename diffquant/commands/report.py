@@ -12,7 +12,7 @@ REPORT_FORMATS = ("markdown", "csv", "latex")
 
 def register(sub) -> None:
     p = sub.add_parser("report", help="degradation tables (Δ from 16 bits with paired 95%% intervals) and plots")
-    p.add_argument("records", nargs="+", help="JSONL records files written by `diffquant sweep`")
+    p.add_argument("records", nargs="+", help="JSONL records files written by `diffquant sweep` (.jsonl or .jsonl.gz)")
     p.add_argument("--format", default="markdown", help=" | ".join(REPORT_FORMATS))
     p.add_argument("--metric", default=None,
                    help="comma separated metrics to show: acc, acc_norm, perplexity (default: all; the plot "

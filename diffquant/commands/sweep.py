@@ -64,7 +64,8 @@ def register(sub) -> None:
     p.add_argument("--attn-impl", default="eager", help=f"{' | '.join(ATTN_IMPLS)} (attention targets run eager)")
     add_device_argument(p)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    p.add_argument("--out", required=True, help="JSONL records file (appended; finished cells are skipped)")
+    p.add_argument("--out", required=True,
+                   help="JSONL records file (appended; finished cells are skipped; name.gz: gzip-compressed)")
     p.add_argument("--no-table", action="store_true", help="do not print the degradation table afterwards")
     add_dispatch_arguments(p)
     p.set_defaults(func=run)
