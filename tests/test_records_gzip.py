@@ -30,7 +30,9 @@ def _append(path, records):
 
 @pytest.fixture
 def written(tmp_path):
-    records = _records(7, seed=random.randrange(10**6))
+    seed = random.randrange(10**6)
+    print(f"records drawn with seed {seed}")  # shown with a failure: rerun with it
+    records = _records(7, seed)
     path = tmp_path / "r.jsonl.gz"
     _append(path, records[:4])
     _append(path, records[4:])  # a second writer appends members to the same file
