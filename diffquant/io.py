@@ -188,7 +188,7 @@ def locked_append(path: str | os.PathLike):
     import fcntl  # POSIX only, like the rest of the crash-safety machinery
 
     path = check_output(path)
-    gz = path.suffix.lower() == ".gz"  # records.gzipped: the reader's rule
+    gz = gzipped(path)
     with path.open("ab" if gz else "a", **({} if gz else {"encoding": "utf-8"})) as fh:
         try:
             fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -199,6 +199,12 @@ def locked_append(path: str | os.PathLike):
             yield GzipMemberWriter(fh) if gz else fh
         finally:
             fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+def gzipped(path: Path) -> bool:
+    """Whether a records file is gzip-compressed, for its writer and its reader alike: its name ends in ``.gz``
+    (any case)."""
+    return path.suffix.lower() == ".gz"
 
 
 class GzipMemberWriter:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .io import gzipped
 from .kinds import ATTN_PROBS, upgrade_legacy_granularities
 from .record_arrays import compact_units
 
@@ -136,11 +137,6 @@ def _record_lines(path: Path, fh):
                 tail = line
     if tail:
         yield tail
-
-
-def gzipped(path: Path) -> bool:
-    """Whether a records file is gzip-compressed: its name ends in ``.gz`` (any case)."""
-    return path.suffix.lower() == ".gz"
 
 
 def _gzip_members(path: Path, fh):
