@@ -1,6 +1,7 @@
 """Every file or folder diffquant writes goes through here: atomic, crash-safe, never over an input.
 
-* :func:`atomic_path` / :func:`atomic_write_text`: a temporary file beside the target, then one rename.
+* :func:`atomic_path` / :func:`atomic_write_text`: a temporary file beside the target, then one rename; a name
+  ending in ``.gz`` is written gzip-compressed (:func:`gzipped`, :func:`compressed_name`).
 * :class:`atomic_dir`: a temporary folder beside the target; an existing target is swapped with it in one
   ``renameat2(RENAME_EXCHANGE)`` call, so the old version stays visible until the new one is complete. Where
   the kernel or file system cannot exchange, two renames are used and a kill between them is repaired by the
@@ -127,6 +128,12 @@ def atomic_path(path: str | os.PathLike):
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """``text`` written to ``path`` atomically, as UTF-8; gzip-compressed (mtime 0: equal text, equal bytes) where
+    the name ends in ``.gz``."""
+    if gzipped(Path(path)):
+        import gzip  # lazy: only compressed outputs need it
+
+        return atomic_write_bytes(path, gzip.compress(text.encode("utf-8"), mtime=0))
     with atomic_path(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
     return Path(path)
@@ -169,13 +176,23 @@ def _refuse_constant(name: str):
 
 
 def read_json_file(path: str | os.PathLike, what: str | None = None) -> dict:
-    """A JSON object read from the file ``path`` (one-line ValueError for a missing, binary or invalid file)."""
+    """A JSON object read from the file ``path``, gzip-compressed where its name ends in ``.gz`` (one-line
+    ValueError for a missing, binary, damaged or invalid file)."""
     path = Path(path)
     what = what or str(path)
     if not path.is_file():
         raise ValueError(f"{what}: no such file")
+    data = path.read_bytes()
+    if gzipped(path):
+        import gzip
+        import zlib
+
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as exc:  # BadGzipFile is an OSError; a cut stream an EOFError
+            raise ValueError(f"{what} is not a whole gzip file ({exc})") from None
     try:
-        text = path.read_text(encoding="utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise ValueError(f"{what} is not UTF-8 text") from None
     return parse_json_object(text, what)
@@ -202,9 +219,16 @@ def locked_append(path: str | os.PathLike):
 
 
 def gzipped(path: Path) -> bool:
-    """Whether a records file is gzip-compressed, for its writer and its reader alike: its name ends in ``.gz``
-    (any case)."""
+    """Whether a file diffquant writes or reads is gzip-compressed, for its writer and its reader alike: its name
+    ends in ``.gz`` (any case)."""
     return path.suffix.lower() == ".gz"
+
+
+def compressed_name(plain: Path) -> Path:
+    """Where a result named ``plain`` is written: ``plain.gz``, compressed; ``plain`` itself where only that
+    exists (an older output, read and extended where it is)."""
+    compressed = plain.with_name(plain.name + ".gz")
+    return plain if plain.is_file() and not compressed.exists() else compressed
 
 
 class GzipMemberWriter:

@@ -3,7 +3,7 @@
     nice python experiments/logit_signs.py xs-lr3e-3-s0-41.9M [PAIR ...]
 
 For each pair of ``experiments/results/regime/pairs.json`` whose checkpoints are on disk, reruns the sequences that
-hold its located top-100 logits (``table5/PAIR.json``: layer, head, Diff map, query, key) through the eager path,
+hold its located top-100 logits (``table5/PAIR.json.gz``: layer, head, Diff map, query, key) through the eager path,
 reads the signed logit at each location, checks its magnitude against the recorded one (1 %), and prints how many
 are negative. Negative maxima are scores that suppress a key; an attention sink shows as large positive scores on
 one key.
@@ -19,6 +19,8 @@ import torch
 
 from diffquant.checkpoint import load_checkpoint
 from diffquant.corpus import heldout_ids
+from diffquant.io import read_json_file
+from diffquant.study.table5 import profile_path
 from diffquant.tokenizer import Tokenizer
 
 REGIME = Path(__file__).resolve().parent / "results" / "regime"
@@ -51,7 +53,7 @@ def main(names: list[str]) -> dict:
     pairs = {p["pair"]: p for p in json.loads((REGIME / "pairs.json").read_text())}
     out = {}
     for name in names:
-        table5 = json.loads((REGIME / "table5" / f"{name}.json").read_text())
+        table5 = read_json_file(profile_path(REGIME, name))
         for arch, path in pairs[name]["checkpoints"].items():
             if not Path(path).is_dir():
                 print(f"{name} {arch}: no checkpoint at {path}")

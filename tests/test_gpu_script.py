@@ -5,8 +5,10 @@ from pathlib import Path
 
 import pytest
 
+from diffquant.io import read_json_file
 from diffquant.records import read_records
 from diffquant.study.figure8 import GRANULARITIES
+from diffquant.study.table5 import profile_path
 
 from .helpers import load_script
 
@@ -40,7 +42,7 @@ def test_dry_run_samples_trains_and_evaluates_every_pair(script, dry_run):
     assert {p["pair"] for p in pairs} == set(summary["gate"]) == expected_pairs(script)
     for pair in pairs:
         assert set(pair["logit_top1"]) == {"transformer", "diff"} and isinstance(pair["gate"], bool)
-        table5 = json.loads((out / "table5" / f"{pair['pair']}.json").read_text())
+        table5 = read_json_file(profile_path(out, pair["pair"]))
         assert table5["diff"]["sites"]["attn_logits"]["count"] > 0
         records = read_records(out / "figure8" / f"{pair['pair']}.jsonl.gz")  # written compressed
         tasks = len(script.DRY.sweep_limits)

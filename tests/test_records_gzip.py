@@ -1,6 +1,7 @@
 """Gzip records files (``.jsonl.gz``): what the plain reader promises — same records, a cut-off last write
 skipped and repaired, bad bytes refused in one line — on members appended one record at a time or on one
-member of a whole file; the checksum zlib verifies is what tells a cut-off member from a complete one."""
+member of a whole file; the checksum zlib verifies is what tells a cut-off member from a complete one. And gzip
+JSON files (``.json.gz``, the study's Table-5 profiles): written atomically, read back equal, damage refused."""
 import gzip
 import json
 import random
@@ -9,7 +10,7 @@ import pytest
 
 import diffquant.records as records_module
 from diffquant.errors import UserError
-from diffquant.io import locked_append
+from diffquant.io import atomic_write_text, compact_json_object, locked_append, read_json_file
 from diffquant.records import append_record, read_records, repair_tail
 
 
@@ -142,3 +143,25 @@ def test_damaged_bytes_are_a_one_line_error(written, where):
     path.write_bytes(b'{"bits": 4}\n' + bytes(data))
     with pytest.raises(ValueError, match="not a gzip-compressed records file"):
         read_records(path)
+
+
+def test_a_json_gz_file_is_written_compressed_and_read_back_equal(tmp_path):
+    data = {"transformer": _records(3, seed=7), "diff": {"lambda": [random.Random(8).random() for _ in range(8)]}}
+    text = compact_json_object(data)
+    path = atomic_write_text(tmp_path / "p.json.gz", text)
+    assert gzip.decompress(path.read_bytes()).decode() == text
+    assert read_json_file(path) == data == read_json_file(atomic_write_text(tmp_path / "p.json", text))
+    first = path.read_bytes()
+    atomic_write_text(path, text)  # mtime 0: equal text, equal bytes (a rerun leaves git nothing to commit)
+    assert path.read_bytes() == first and path.stat().st_size < len(text) / 2
+
+
+@pytest.mark.parametrize("damage", ["cut", "flipped", "not gzip"])
+def test_a_damaged_json_gz_file_is_refused_in_one_line(tmp_path, damage):
+    path = atomic_write_text(tmp_path / "p.json.gz", compact_json_object({"diff": _records(2, seed=9)}))
+    raw = path.read_bytes()
+    path.write_bytes({"cut": raw[: len(raw) // 2], "flipped": raw[:-8] + bytes([raw[-8] ^ 1]) + raw[-7:],
+                      "not gzip": b'{"diff": 1}'}[damage])  # the flipped byte is in the CRC zlib checks
+    with pytest.raises(ValueError, match="p.json.gz is not a whole gzip file") as err:
+        read_json_file(path)
+    assert "\n" not in str(err.value)

@@ -13,7 +13,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 FILE_LIMIT = 5_000_000
 GOAL_BYTES = 100_000_000  # issue 39: a shallow clone of main under 100 MB on disk
-CEILING_BYTES = 55_000_000  # the tree: 51.8 MB once the study's records were gzip-compressed (62 MB before)
+CEILING_BYTES = 49_000_000  # the tree: 45.4 MB once the Table-5 profiles were gzip'ed too (51.8 MB before, 62 MB
+# before the study's records were)
 GIT_OVERHEAD_BYTES = 1_000_000  # a clone's .git beside its pack (index, hooks, config): 0.5 MB measured
 ALLOWED_LARGE: set[str] = set()  # files over the limit still in the tree: none (checkpoints over 5 MB are parked)
 

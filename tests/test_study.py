@@ -375,6 +375,15 @@ def test_study_records_are_written_compressed_and_older_plain_ones_still_found(t
     assert records_path(tmp_path, "old") == tmp_path / "old.jsonl.gz"  # both: the compressed one is today's
 
 
+def test_profiles_are_written_compressed_and_older_plain_ones_still_found(tmp_path):
+    from diffquant.study.table5 import profile_path
+
+    assert profile_path(tmp_path, "p") == tmp_path / "table5" / "p.json.gz"
+    (tmp_path / "table5").mkdir()
+    (tmp_path / "table5" / "old.json").write_text("{}")
+    assert profile_path(tmp_path, "old") == tmp_path / "table5" / "old.json"  # the H200 run's, read where it is
+
+
 def test_a_sweep_of_parked_weights_reuses_complete_records_and_refuses_new_cells(tmp_path):
     import diffquant as dq
     from diffquant.checkpoint.files import WeightsParked, parked_weights, weights_here

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..checkpoint.files import WeightsParked, parked_weights
+from ..io import compressed_name
 from ..kinds import ATTN_LOGITS, SEQUENCE
 from ..records import read_records
 from ..report import render_report
@@ -37,16 +38,14 @@ def sweep_or_reuse(checkpoints: list[str], path: Path, target: str, batch_size: 
 
 
 def sweep_path(out: Path, pair: dict) -> Path:
-    """Where a pair's Figure-8 records live under an output folder (``out/table5/PAIR.json`` holds its profile)."""
+    """Where a pair's Figure-8 records live under an output folder (its profile: ``table5.profile_path``)."""
     return records_path(Path(out) / "figure8", pair["pair"])
 
 
 def records_path(folder: Path, name: str) -> Path:
     """``folder/NAME.jsonl.gz``: study records are written gzip-compressed (:mod:`diffquant.records`), a fifth of
     their plain size; an older output's plain ``NAME.jsonl`` where only that exists."""
-    compressed = Path(folder) / f"{name}.jsonl.gz"
-    plain = compressed.with_suffix("")
-    return plain if plain.is_file() and not compressed.exists() else compressed
+    return compressed_name(Path(folder) / f"{name}.jsonl")
 
 
 def figure8_text(results: list[dict], sweep_path_of) -> str:

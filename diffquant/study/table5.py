@@ -8,7 +8,7 @@ import numpy as np
 
 from ..arches import ArchColumn
 from ..checkpoint import load_checkpoint
-from ..io import atomic_write_text, compact_json_object
+from ..io import atomic_write_text, compact_json_object, compressed_name
 from ..kinds import ATTN_LOGITS, HIDDEN
 from ..profile import profile, token_batches
 from ..tables import outlier_table, ratio_table, render
@@ -16,6 +16,12 @@ from ..tracking import diff_lambdas
 from .cells import fmt
 
 LOCATED = 100  # top values whose positions are summarised
+
+
+def profile_path(out: Path, name: str) -> Path:
+    """Where a pair's Table-5 profile lives under an output folder: ``out/table5/NAME.json.gz`` (a fifth of the
+    plain size), or an older output's plain ``NAME.json`` where only that exists."""
+    return compressed_name(Path(out) / "table5" / f"{name}.json")
 
 
 def profile_pair(pair: dict, ids: np.ndarray, seq_len: int, batch_size: int, max_tokens: int | None = None,

@@ -46,13 +46,13 @@ from diffquant.checkpoint.files import WeightsParked, parked_weights
 from diffquant.config import ARCHS
 from diffquant.corpus import heldout_ids
 from diffquant.emergence import block_means
-from diffquant.io import atomic_write_text, compact_json_object
+from diffquant.io import atomic_write_text, compact_json_object, read_json_file
 from diffquant.plots import plot_tracked
 from diffquant.records import read_records
 from diffquant.study.figure8 import sweep_pair, sweep_path
 from diffquant.study.outputs import write_emergence, write_fresh_curves, write_outputs, write_zeroshot
 from diffquant.study.pair import tokens_label
-from diffquant.study.table5 import profile_pair
+from diffquant.study.table5 import profile_pair, profile_path
 from diffquant.study.verdict import verdict
 from diffquant.study.zeroshot import zeroshot_check, zeroshot_path
 from diffquant.tokenizer import Tokenizer
@@ -225,7 +225,7 @@ def main() -> None:
     for pair in pairs:
         logging.info("pair %s: %s", pair["pair"], ", ".join(pair["checkpoints"]))
         with needs_weights(pair):
-            known = table5_record(pair, ids, out / "table5" / f"{pair['pair']}.json", args.profile_windows)
+            known = table5_record(pair, ids, profile_path(out, pair["pair"]), args.profile_windows)
             table5[pair["pair"]] = known
             records = sweep_pair(pair, sweep_path(out, pair), tasks, batch_size=BATCH)
         results.append(verdict(pair, known, records))
@@ -249,7 +249,7 @@ def main() -> None:
 
 def table5_record(pair: dict, ids, saved: Path, windows: int) -> dict[str, dict]:
     """The pair's Table-5 profile: cached at ``saved``, or profiled now."""
-    known = json.loads(saved.read_text()) if saved.is_file() else {}
+    known = read_json_file(saved) if saved.is_file() else {}
     stale = set(known) != set(pair["checkpoints"]) or not all("lambda" in record for record in known.values())
     if stale and (absent := parked_weights(pair["checkpoints"].values(), REPO)):
         raise WeightsParked(absent[0], f"{saved} lacks its profile")

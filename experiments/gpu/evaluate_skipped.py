@@ -7,7 +7,7 @@
 ``corpus/``, ``pairs.json``, ``table5/``, ``figure8/``). The pair's two cooled checkpoints are profiled on the
 whole real cased TinyStories held-out text (Table 5, global protocol) and swept at 16/8/6/4 bits over the three
 scale granularities on that text and 200 windows of the held-out books (Figure 8): ``run_gpu.FULL``'s settings
-(sequence length 512, batch 32), only the device differs. Outputs under ``--out``: ``table5/PAIR.json``,
+(sequence length 512, batch 32), only the device differs. Outputs under ``--out``: ``table5/PAIR.json.gz``,
 ``figure8/PAIR.jsonl.gz``, ``PAIR.json`` (the verdict), and ``five-pairs/`` — the verdict files of the four pairs the
 H200 evaluated plus this one (``diffquant.study.outputs.write_outputs``; its figure8 records are copies of the run's).
 """
@@ -26,11 +26,11 @@ from pathlib import Path
 import torch
 
 from diffquant.corpus import heldout_ids
-from diffquant.io import atomic_write_text
+from diffquant.io import atomic_write_text, read_json_file
 from diffquant.records import read_records
 from diffquant.study.figure8 import sweep_pair, sweep_path
 from diffquant.study.outputs import write_outputs
-from diffquant.study.table5 import profile_pair
+from diffquant.study.table5 import profile_pair, profile_path
 from diffquant.study.verdict import verdict
 from diffquant.tokenizer import Tokenizer
 
@@ -67,7 +67,7 @@ def skipped_pair(root: Path, preset: str, seed: int, budget: str) -> dict:
 def five_pairs(run: Path, out: Path, new: dict, new_table5: dict) -> None:
     """The verdict files of the run's evaluated pairs plus the new one (figure8 records copied beside them)."""
     results = json.loads((run / "pairs.json").read_text())
-    table5 = {r["pair"]: json.loads((run / "table5" / f"{r['pair']}.json").read_text()) for r in results}
+    table5 = {r["pair"]: read_json_file(profile_path(run, r["pair"])) for r in results}
     folder = out / "five-pairs"
     (folder / "figure8").mkdir(parents=True, exist_ok=True)
     for source in [sweep_path(run, r) for r in results] + [sweep_path(out, new)]:
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> dict:
     val = heldout_ids(Tokenizer.load(run / "corpus" / "tokenizer.model"))
     start = time.perf_counter()
     table5 = profile_pair(pair, val, plan.seq_len, plan.eval_batch, plan.profile_tokens, "cpu",
-                          out=out / "table5" / f"{pair['pair']}.json")
+                          out=profile_path(out, pair["pair"]))
     profiled = time.perf_counter() - start
     records = sweep_pair(pair, sweep_path(out, pair), plan.sweep_limits, plan.eval_batch, "cpu")
     result = verdict(pair, table5, records)

@@ -29,7 +29,7 @@ Steps (each phase has a deadline; the script stops gracefully and evaluates what
    and skips what would pass the training deadline; a group with no cooled pair contributes its latest stable
    pair (marked ``stable``).
 3. **Verdicts** on every pair, largest budget of each group first, while time lasts: the Table-5 profile
-   (all ~100K tokens of the real cased TinyStories held-out text, global protocol; ``table5/PAIR.json``), the
+   (all ~100K tokens of the real cased TinyStories held-out text, global protocol; ``table5/PAIR.json.gz``), the
    Figure-8 sweep of the attention logits at 16/8/6/4 bits with the three scale granularities below on that text
    and on the held-out books (``figure8/PAIR.jsonl.gz``), and issue 13's gate per pair: Transformer logit top-1 ≥ 100
    and 4-bit per-sequence logits at least doubling its TinyStories perplexity.
@@ -88,7 +88,7 @@ from diffquant.stream import TokenStream
 from diffquant.study.figure8 import sweep_pair, sweep_path
 from diffquant.study.outputs import write_emergence, write_outputs, write_zeroshot
 from diffquant.study.pair import tokens_label
-from diffquant.study.table5 import profile_pair
+from diffquant.study.table5 import profile_pair, profile_path
 from diffquant.study.verdict import verdict
 from diffquant.study.zeroshot import ZEROSHOT_TASKS, zeroshot_check, zeroshot_path
 from diffquant.tokenizer import tokenizer_file_name, tokenizer_for
@@ -482,7 +482,7 @@ def evaluate_all(ctx: Context, pairs: list[dict]) -> tuple[list[dict], dict]:
         start = time.perf_counter()
         plan = ctx.plan
         table5[pair["pair"]] = profile_pair(pair, ctx.data.val, plan.seq_len, plan.eval_batch, plan.profile_tokens,
-                                            plan.device, out=ctx.out / "table5" / f"{pair['pair']}.json")
+                                            plan.device, out=profile_path(ctx.out, pair["pair"]))
         records = sweep_pair(pair, sweep_path(ctx.out, pair), plan.sweep_limits, plan.eval_batch, plan.device)
         results.append(verdict(pair, table5[pair["pair"]], records))
         ctx.eval_seconds[pair["preset"]] = time.perf_counter() - start
