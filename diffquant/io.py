@@ -131,9 +131,7 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     """``text`` written to ``path`` atomically, as UTF-8; gzip-compressed (mtime 0: equal text, equal bytes) where
     the name ends in ``.gz``."""
     if gzipped(Path(path)):
-        import gzip  # lazy: only compressed outputs need it
-
-        return atomic_write_bytes(path, gzip.compress(text.encode("utf-8"), mtime=0))
+        return atomic_write_bytes(path, gzip_text(text))
     with atomic_path(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
     return Path(path)
@@ -224,6 +222,13 @@ def gzipped(path: Path) -> bool:
     return path.suffix.lower() == ".gz"
 
 
+def gzip_text(text: str) -> bytes:
+    """``text`` as one complete gzip member of its UTF-8 bytes; mtime 0, so equal text gives equal bytes."""
+    import gzip  # lazy: only compressed outputs need it
+
+    return gzip.compress(text.encode("utf-8"), mtime=0)
+
+
 def compressed_name(plain: Path) -> Path:
     """Where a result named ``plain`` is written: ``plain.gz``, compressed; ``plain`` itself where only that
     exists (an older output, read and extended where it is)."""
@@ -239,9 +244,7 @@ class GzipMemberWriter:
         self._fh = fh
 
     def write(self, text: str) -> int:
-        import gzip  # lazy: only compressed records need it
-
-        return self._fh.write(gzip.compress(text.encode("utf-8"), mtime=0))
+        return self._fh.write(gzip_text(text))
 
     def flush(self) -> None:
         self._fh.flush()

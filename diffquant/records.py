@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import gzip
 import hashlib
 import io
 import json
@@ -26,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .io import gzipped
+from .io import gzip_text, gzipped
 from .kinds import ATTN_PROBS, upgrade_legacy_granularities
 from .record_arrays import compact_units
 
@@ -347,7 +346,7 @@ def _repair_gzip_tail(path: Path) -> None:
         os.truncate(path, end)
     if line:
         with path.open("ab") as fh:
-            fh.write(gzip.compress(b"\n", mtime=0))
+            fh.write(gzip_text("\n"))
 
 
 def _is_json(data: bytes) -> bool:
