@@ -87,6 +87,20 @@ def test_long_run_and_its_cooldowns_take_the_learning_rate_asked(tmp_path):
     assert sum("--branch-from" in c for c in calls) == 2 and [option(c, "--lr") for c in calls] == ["1e-2"] * 4
 
 
+def test_each_cooldown_keeps_its_stable_runs_options_but_the_schedule(tmp_path):
+    """A cooldown continues the protocol of the run it branches from: every option of the stable arm's call comes
+    back unchanged in its cooldown's, except the budget, the output and the schedule's own options."""
+    calls = run_script(tmp_path, "ablation.sh", ABLATION="init-default", TEACHER="calib/models/stories260K.gguf")
+    own = {"--tokens", "--out", "--schedule", "--branch-every", "--branch-from", "--decay-start", "--stop-at"}
+
+    def options(call: list[str]) -> dict[str, str]:
+        return {k: v for k, v in zip(call[1::2], call[2::2], strict=True) if k not in own}  # call[0]: "train"
+
+    stable, cooled = calls[:2], calls[2:]
+    assert len(cooled) == 2 and all(option(c, "--schedule") == "wsd" for c in cooled)
+    assert [options(c) for c in stable] == [options(c) for c in cooled] and "--init" in options(stable[0])
+
+
 def test_long_run_stops_both_arms_at_the_step_asked(tmp_path):
     calls = run_script(tmp_path, "long.sh", UNTIL="16384")
     assert len(calls) == 2 and all(option(c, "--stop-at") == "16384" for c in calls)

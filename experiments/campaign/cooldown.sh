@@ -9,25 +9,16 @@
 # (the 24,576 branch cooled to 30,720 steps = 251.7M tokens) without the branches between.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-DQ=${DQ:-.venv/bin/diffquant}
-SEED=${SEED:-0}
-PRESET=${PRESET:-xs}
-LR=${LR:-3e-3}
-RUN=${RUN:-experiments/campaign/long/$PRESET-lr$LR-s$SEED}
-read -ra extra <<< "${EXTRA:-}"  # more train options, as given to long.sh
-data=$(bash experiments/campaign/source.sh "$RUN")  # --data CORPUS, or TEACHER's stream (as long.sh)
-read -ra data_args <<< "$data"
+source experiments/campaign/settings.sh
 cool() {  # one arm's cooldown from branch $2 (step $3)
   local arch=$1 name=$2 step=$3
   local src=$RUN/$arch/branches/$name out=$RUN/cooldown/$arch-$name
   [ -d "$src" ] && [ ! -f "$out/final/config.json" ] || return 0
   local resume=(--branch-from "$src"); [ -f "$out/state/trainer.json" ] && resume=(--resume)
   mkdir -p "$RUN/cooldown"
-  nice -n "${NICE:-5}" "$DQ" train --arch "$arch" --preset "$PRESET" "${data_args[@]}" \
-    --tokens $(( (step + step / 4) * 16 * 512 )) --out "$out" --batch-size 16 --seq-len 512 --recipe stories260k \
-    --lr "$LR" --seed "$SEED" --schedule wsd --decay-start "$step" --warmup-steps 50 --eval-every 512 \
-    --eval-tokens 65536 --track-every 128 --save-every 128 --threads "${THREADS:-1}" "${extra[@]}" "${resume[@]}" \
-    >> "$out.log" 2>&1
+  nice -n "${NICE:-5}" "$DQ" train --arch "$arch" --preset "$PRESET" "${data[@]}" \
+    --tokens $(( (step + step / 4) * 16 * 512 )) --out "$out" --schedule wsd --decay-start "$step" "${protocol[@]}" \
+    "${resume[@]}" >> "$out.log" 2>&1
   rm -rf "$out/state"
 }
 arms=(${ARMS:-transformer diff})

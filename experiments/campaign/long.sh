@@ -8,27 +8,18 @@
 # ARMS (default "transformer diff"), TOKENS (default 251658240) and EXTRA (more train options) serve the
 # ablations (experiments/campaign/ablation.sh); THREADS (default 1, one core per arm) gives one arm run alone both
 # cores. TEACHER=calib/models/stories260K.gguf trains on fresh teacher stories instead of the cycled corpus
-# (experiments/campaign/source.sh; streamed.sh sets it).
+# (experiments/campaign/settings.sh; streamed.sh sets it).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-DQ=${DQ:-.venv/bin/diffquant}
-SEED=${SEED:-0}
-PRESET=${PRESET:-xs}
-LR=${LR:-3e-3}
-RUN=${RUN:-experiments/campaign/long/$PRESET-lr$LR-s$SEED}
-read -ra extra <<< "${EXTRA:-}"  # more train options (experiments/campaign/ablation.sh)
+source experiments/campaign/settings.sh
 stop=(); [ -n "${UNTIL:-}" ] && stop=(--stop-at "$UNTIL")
-data=$(bash experiments/campaign/source.sh "$RUN")  # --data CORPUS, or TEACHER's stream
-read -ra data_args <<< "$data"
 mkdir -p "$RUN"
 for arch in ${ARMS:-transformer diff}; do
   out=$RUN/$arch
   [ -f "$out/final/config.json" ] && continue
   resume=(); [ -f "$out/state/trainer.json" ] && resume=(--resume)
-  nice -n "${NICE:-15}" "$DQ" train --arch "$arch" --preset "$PRESET" "${data_args[@]}" \
-    --tokens "${TOKENS:-251658240}" --out "$out" --batch-size 16 --seq-len 512 --recipe stories260k --lr "$LR" \
-    --seed "$SEED" --schedule constant --warmup-steps 50 --eval-every 512 --eval-tokens 65536 --track-every 128 \
-    --save-every 128 --branch-every 4096 --threads "${THREADS:-1}" "${extra[@]}" "${resume[@]}" "${stop[@]}" \
-    >> "$out.log" 2>&1 &
+  nice -n "${NICE:-15}" "$DQ" train --arch "$arch" --preset "$PRESET" "${data[@]}" \
+    --tokens "${TOKENS:-251658240}" --out "$out" --schedule constant --branch-every 4096 "${protocol[@]}" \
+    "${resume[@]}" "${stop[@]}" >> "$out.log" 2>&1 &
 done
 wait
