@@ -1,0 +1,94 @@
+"""When each Diff layer's λ leaves its design range [0, 1] in training, and the warm-up loss spike that may start it,
+read from the runs' train logs alone (λ is tracked with the outliers, every 128 steps; no checkpoint needed).
+
+    python experiments/lambda_escape.py [RUN ...] [--out experiments/results/regime/lambda_escape.json]
+
+Each RUN is a Diff arm's folder holding ``train_log.json`` (a stable arm: cooldowns continue its λ); with none,
+every Diff arm of the campaign (long, streamed, ablation, short and real-text runs). Prints one markdown row per
+run: the largest training loss in the first two warm-ups against the first step's, and for each layer that leaves
+[0, 1] the first tracked step outside it and λ there and at the last tracked step. λ > 1 makes Diff subtract more
+than the whole second map; λ < 0 adds it (``study.gate.lambda_ranges``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from diffquant.io import atomic_write_text, dump_json
+from diffquant.tables import render
+
+CAMPAIGN = Path(__file__).resolve().parent / "campaign"
+DIFF_ARMS = ("long/*/diff", "streamed/*/diff", "ablation/*/diff", "short/diff-*", "realtext/diff-*")
+SPIKE = 1.5  # a warm-up loss this many times the first step's counts as a spike (the loss starts at ~ln vocab)
+
+
+def escapes(points: list[dict]) -> list[dict]:
+    """Per layer: λ_init, the first tracked step with λ outside [0, 1] (None if never), λ there and at the end."""
+    layers = []
+    for i, first in enumerate(points[0]["layers"]):
+        curve = [(p["step"], p["layers"][i]["lambda"]) for p in points]
+        left = next(((step, value) for step, value in curve if not 0.0 <= value <= 1.0), (None, None))
+        layers.append({"layer": i, "lambda_init": first["lambda_init"], "left_at_step": left[0],
+                       "lambda_then": left[1], "lambda_last": curve[-1][1]})
+    return layers
+
+
+def warmup_spike(losses: list[float], warmup_steps: int) -> dict:
+    """The largest training loss in the first 2 × ``warmup_steps`` steps (the step after the peak included), its
+    step and its ratio to the first step's loss."""
+    window = losses[:2 * warmup_steps]
+    step = max(range(len(window)), key=window.__getitem__)
+    return {"first_loss": losses[0], "max_loss": window[step], "max_step": step,
+            "spike": window[step] >= SPIKE * losses[0]}
+
+
+def run_record(log: dict) -> dict:
+    """A Diff run's λ escapes and warm-up spike, from its train log."""
+    points = [p for p in log["history"]["outliers"] if "lambda" in p["layers"][0]]
+    if not points:
+        raise ValueError("no tracked λ (not a Diff arm, or trained before λ was tracked)")
+    cfg = log["train_config"]
+    return {"lr": cfg["lr"], "warmup_steps": cfg["warmup_steps"], "last_step": points[-1]["step"],
+            "warmup": warmup_spike(log["history"]["train_loss"], cfg["warmup_steps"]), "layers": escapes(points)}
+
+
+def escape_table(records: dict[str, dict]) -> str:
+    rows = []
+    for name, r in records.items():
+        w = r["warmup"]
+        left = [f"L{x['layer']} at {x['left_at_step']}: {x['lambda_then']:.2f} → {x['lambda_last']:.2f}"
+                for x in r["layers"] if x["left_at_step"] is not None]
+        rows.append([name, f"{r['lr']:g}", r["last_step"], f"{w['max_loss']:.2f} at {w['max_step']}",
+                     f"{w['first_loss']:.2f}", "yes" if w["spike"] else "no", "; ".join(left) or "none"])
+    header = ["run", "lr", "last tracked step", "warm-up loss max", "first loss", f"spike (≥ {SPIKE:g}×)",
+              "layers leaving [0, 1]: first step, λ then → last"]
+    return render(header, rows)
+
+
+def campaign_arms() -> list[Path]:
+    return sorted(p for pattern in DIFF_ARMS for p in CAMPAIGN.glob(pattern) if (p / "train_log.json").is_file())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="*", type=Path, help="Diff arm folders (default: every campaign Diff arm)")
+    parser.add_argument("--out", type=Path, help="also write the records as JSON here")
+    args = parser.parse_args(argv)
+    records = {}
+    for run in args.runs or campaign_arms():
+        name = str(run.relative_to(CAMPAIGN) if run.resolve().is_relative_to(CAMPAIGN) else run)
+        try:
+            records[name] = run_record(json.loads((run / "train_log.json").read_text()))
+        except (OSError, ValueError, KeyError) as error:
+            sys.exit(f"lambda_escape.py: {run}: {error}")
+    print(escape_table(records))
+    if args.out:
+        atomic_write_text(args.out, dump_json(records))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""experiments/lambda_escape.py: λ's first step outside [0, 1] per layer and the warm-up spike, from a train log."""
+
+import json
+import random
+
+import pytest
+
+from .helpers import load_script
+from .test_experiments_index import EXPERIMENTS
+
+escape = load_script(EXPERIMENTS / "lambda_escape.py")
+
+
+def diff_log(curves: list[list[float]], losses: list[float], warmup: int = 5) -> dict:
+    """A Diff train log whose tracked λ (every 128 steps) follow ``curves`` (one list per layer)."""
+    points = [{"step": 128 * k, "layers": [{"layer": i, "lambda": c[k], "lambda_init": c[0]}
+                                           for i, c in enumerate(curves)]} for k in range(len(curves[0]))]
+    return {"train_config": {"lr": 3e-3, "warmup_steps": warmup},
+            "history": {"train_loss": losses, "outliers": points}}
+
+
+def test_each_layers_first_step_outside_the_range_and_the_spike_are_found():
+    rng = random.Random(7)
+    inside = [rng.uniform(0.05, 0.95) for _ in range(6)]
+    above = [0.3, 0.8, 1.0, 1.7, 0.9, 4.2]  # 1.0 is inside; it leaves at the 4th point (step 384) and comes back
+    below = [0.2, -0.01, -0.4, -0.3, -0.2, -0.1]
+    losses = [6.2] + [rng.uniform(4.0, 6.0) for _ in range(20)]
+    losses[7] = 11.5  # the spike, inside the first two warm-ups (10 steps)
+    losses[15] = 30.0  # after them: not the warm-up's
+    record = escape.run_record(diff_log([inside, above, below], losses))
+    assert [x["left_at_step"] for x in record["layers"]] == [None, 384, 128]
+    assert record["layers"][1]["lambda_then"] == 1.7 and record["layers"][1]["lambda_last"] == 4.2
+    assert record["layers"][2]["lambda_then"] == -0.01 and record["layers"][0]["lambda_then"] is None
+    assert record["warmup"] == {"first_loss": 6.2, "max_loss": 11.5, "max_step": 7, "spike": True}
+    assert record["last_step"] == 640
+    table = escape.escape_table({"run": record})
+    assert "L1 at 384: 1.70 → 4.20; L2 at 128: -0.01 → -0.10" in table and "11.50 at 7" in table
+
+
+def test_a_warmup_without_a_spike_and_a_log_without_lambda(tmp_path):
+    losses = [6.2 - 0.1 * i for i in range(12)]
+    assert escape.run_record(diff_log([[0.2, 0.5]], losses))["warmup"]["spike"] is False
+    run = tmp_path / "transformer"
+    run.mkdir()
+    log = diff_log([[0.2, 0.5]], losses)
+    for point in log["history"]["outliers"]:
+        point["layers"] = [{"layer": 0}]  # a Transformer tracks no λ
+    (run / "train_log.json").write_text(json.dumps(log))
+    with pytest.raises(SystemExit, match=r"lambda_escape.py: .*transformer: no tracked λ"):
+        escape.main([str(run)])
+
+
+def test_records_are_written_as_json(tmp_path, capsys):
+    run = tmp_path / "diff"
+    run.mkdir()
+    (run / "train_log.json").write_text(json.dumps(diff_log([[0.2, 1.5]], [6.0, 9.5, 5.0, 4.0])))
+    assert escape.main([str(run), "--out", str(tmp_path / "r.json")]) == 0
+    assert json.loads((tmp_path / "r.json").read_text())[str(run)]["layers"][0]["left_at_step"] == 128
+    assert "L0 at 128: 1.50 → 1.50" in capsys.readouterr().out
