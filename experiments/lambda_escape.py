@@ -5,9 +5,10 @@ read from the runs' train logs alone (λ is tracked with the outliers, every 128
 
 Each RUN is a Diff arm's folder holding ``train_log.json`` (a stable arm: cooldowns continue its λ); with none,
 every Diff arm of the campaign (long, streamed, ablation, short and real-text runs). Prints one markdown row per
-run: the largest training loss in the first two warm-ups against the first step's, and for each layer that leaves
-[0, 1] the first tracked step outside it and λ there and at the last tracked step. λ > 1 makes Diff subtract more
-than the whole second map; λ < 0 adds it (``study.gate.lambda_ranges``).
+run: the largest training loss in the first two warm-ups against the first step's, the same for the Transformer
+trained beside it (which shows whether a spike is Diff's own), and for each layer that leaves [0, 1] the first
+tracked step outside it and λ there and at the last tracked step. λ > 1 makes Diff subtract more than the whole
+second map; λ < 0 adds it (``study.gate.lambda_ranges``).
 """
 
 from __future__ import annotations
@@ -45,26 +46,38 @@ def warmup_spike(losses: list[float], warmup_steps: int) -> dict:
             "spike": window[step] >= SPIKE * losses[0]}
 
 
-def run_record(log: dict) -> dict:
-    """A Diff run's λ escapes and warm-up spike, from its train log."""
+def run_record(log: dict, transformer_log: dict | None = None) -> dict:
+    """A Diff run's λ escapes and warm-up spike, from its train log (and its Transformer's spike, where given)."""
     points = [p for p in log["history"]["outliers"] if "lambda" in p["layers"][0]]
     if not points:
         raise ValueError("no tracked λ (not a Diff arm, or trained before λ was tracked)")
     cfg = log["train_config"]
     return {"lr": cfg["lr"], "warmup_steps": cfg["warmup_steps"], "last_step": points[-1]["step"],
-            "warmup": warmup_spike(log["history"]["train_loss"], cfg["warmup_steps"]), "layers": escapes(points)}
+            "warmup": warmup_spike(log["history"]["train_loss"], cfg["warmup_steps"]), "layers": escapes(points),
+            "transformer_warmup": transformer_log and warmup_spike(transformer_log["history"]["train_loss"],
+                                                                   transformer_log["train_config"]["warmup_steps"])}
+
+
+def paired_transformer(run: Path) -> Path:
+    """The Transformer trained beside a Diff arm: RUN/transformer beside RUN/diff, or transformer-X beside diff-X."""
+    return run.with_name("transformer" + run.name.removeprefix("diff"))
+
+
+def spike_cell(warmup: dict | None) -> str:
+    if warmup is None:
+        return "-"
+    return f"{warmup['max_loss']:.2f} at {warmup['max_step']}" + (" (spike)" if warmup["spike"] else "")
 
 
 def escape_table(records: dict[str, dict]) -> str:
     rows = []
     for name, r in records.items():
-        w = r["warmup"]
         left = [f"L{x['layer']} at {x['left_at_step']}: {x['lambda_then']:.2f} → {x['lambda_last']:.2f}"
                 for x in r["layers"] if x["left_at_step"] is not None]
-        rows.append([name, f"{r['lr']:g}", r["last_step"], f"{w['max_loss']:.2f} at {w['max_step']}",
-                     f"{w['first_loss']:.2f}", "yes" if w["spike"] else "no", "; ".join(left) or "none"])
-    header = ["run", "lr", "last tracked step", "warm-up loss max", "first loss", f"spike (≥ {SPIKE:g}×)",
-              "layers leaving [0, 1]: first step, λ then → last"]
+        rows.append([name, f"{r['lr']:g}", r["last_step"], f"{r['warmup']['first_loss']:.2f}",
+                     spike_cell(r["warmup"]), spike_cell(r["transformer_warmup"]), "; ".join(left) or "none"])
+    header = ["run", "lr", "last tracked step", "first loss", f"warm-up loss max (spike: ≥ {SPIKE:g}× the first)",
+              "its Transformer's", "layers leaving [0, 1]: first step, λ then → last"]
     return render(header, rows)
 
 
@@ -81,7 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     for run in args.runs or campaign_arms():
         name = str(run.relative_to(CAMPAIGN) if run.resolve().is_relative_to(CAMPAIGN) else run)
         try:
-            records[name] = run_record(json.loads((run / "train_log.json").read_text()))
+            beside = paired_transformer(run) / "train_log.json"
+            records[name] = run_record(json.loads((run / "train_log.json").read_text()),
+                                       json.loads(beside.read_text()) if beside.is_file() else None)
         except (OSError, ValueError, KeyError) as error:
             sys.exit(f"lambda_escape.py: {run}: {error}")
     print(escape_table(records))

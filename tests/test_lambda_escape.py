@@ -34,7 +34,7 @@ def test_each_layers_first_step_outside_the_range_and_the_spike_are_found():
     assert record["warmup"] == {"first_loss": 6.2, "max_loss": 11.5, "max_step": 7, "spike": True}
     assert record["last_step"] == 640
     table = escape.escape_table({"run": record})
-    assert "L1 at 384: 1.70 → 4.20; L2 at 128: -0.01 → -0.10" in table and "11.50 at 7" in table
+    assert "L1 at 384: 1.70 → 4.20; L2 at 128: -0.01 → -0.10" in table and "11.50 at 7 (spike)" in table
 
 
 def test_a_warmup_without_a_spike_and_a_log_without_lambda(tmp_path):
@@ -50,10 +50,14 @@ def test_a_warmup_without_a_spike_and_a_log_without_lambda(tmp_path):
         escape.main([str(run)])
 
 
-def test_records_are_written_as_json(tmp_path, capsys):
-    run = tmp_path / "diff"
-    run.mkdir()
-    (run / "train_log.json").write_text(json.dumps(diff_log([[0.2, 1.5]], [6.0, 9.5, 5.0, 4.0])))
-    assert escape.main([str(run), "--out", str(tmp_path / "r.json")]) == 0
-    assert json.loads((tmp_path / "r.json").read_text())[str(run)]["layers"][0]["left_at_step"] == 128
-    assert "L0 at 128: 1.50 → 1.50" in capsys.readouterr().out
+@pytest.mark.parametrize("diff, transformer", [("diff", "transformer"), ("diff-lr1e-2-s3", "transformer-lr1e-2-s3")])
+def test_the_transformer_beside_it_and_the_json_records(tmp_path, capsys, diff, transformer):
+    for arm, losses in ((diff, [6.0, 9.5, 5.0, 4.0]), (transformer, [6.0, 7.0, 5.0, 4.0])):
+        (tmp_path / arm).mkdir()
+        (tmp_path / arm / "train_log.json").write_text(json.dumps(diff_log([[0.2, 1.5]], losses)))
+    assert escape.main([str(tmp_path / diff), "--out", str(tmp_path / "r.json")]) == 0
+    record = json.loads((tmp_path / "r.json").read_text())[str(tmp_path / diff)]
+    assert record["layers"][0]["left_at_step"] == 128 and record["warmup"]["spike"] is True
+    assert record["transformer_warmup"] == {"first_loss": 6.0, "max_loss": 7.0, "max_step": 1, "spike": False}
+    row = [cell.strip() for cell in capsys.readouterr().out.splitlines()[2].split("|")]
+    assert row[5:8] == ["9.50 at 1 (spike)", "7.00 at 1", "L0 at 128: 1.50 → 1.50"]
