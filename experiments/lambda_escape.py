@@ -81,6 +81,12 @@ def escape_table(records: dict[str, dict]) -> str:
     return render(header, rows)
 
 
+def run_name(run: Path) -> str:
+    """A run's folder under experiments/campaign/ (given relative or absolute), else as given."""
+    full = run.resolve()
+    return str(full.relative_to(CAMPAIGN) if full.is_relative_to(CAMPAIGN) else run)
+
+
 def campaign_arms() -> list[Path]:
     return sorted(p for pattern in DIFF_ARMS for p in CAMPAIGN.glob(pattern) if (p / "train_log.json").is_file())
 
@@ -92,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     records = {}
     for run in args.runs or campaign_arms():
-        name = str(run.relative_to(CAMPAIGN) if run.resolve().is_relative_to(CAMPAIGN) else run)
+        name = run_name(run)
         try:
             beside = paired_transformer(run) / "train_log.json"
             records[name] = run_record(json.loads((run / "train_log.json").read_text()),

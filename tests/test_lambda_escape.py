@@ -61,3 +61,10 @@ def test_the_transformer_beside_it_and_the_json_records(tmp_path, capsys, diff, 
     assert record["transformer_warmup"] == {"first_loss": 6.0, "max_loss": 7.0, "max_step": 1, "spike": False}
     row = [cell.strip() for cell in capsys.readouterr().out.splitlines()[2].split("|")]
     assert row[5:8] == ["9.50 at 1 (spike)", "7.00 at 1", "L0 at 128: 1.50 → 1.50"]
+
+
+def test_campaign_runs_are_named_from_the_campaign_folder_however_given(monkeypatch):
+    monkeypatch.chdir(EXPERIMENTS.parent)
+    for given in ("experiments/campaign/streamed/s-lr3e-3-s1/diff", escape.CAMPAIGN / "streamed/s-lr3e-3-s1/diff"):
+        assert escape.run_name(escape.Path(given)) == "streamed/s-lr3e-3-s1/diff"
+    assert escape.run_name(escape.Path("/tmp/elsewhere/diff")) == "/tmp/elsewhere/diff"
