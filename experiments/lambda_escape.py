@@ -39,7 +39,7 @@ def escapes(points: list[dict]) -> list[dict]:
 
 def warmup_spike(losses: list[float], warmup_steps: int) -> dict:
     """The largest training loss in the first 2 × ``warmup_steps`` steps (the step after the peak included), its
-    step and its ratio to the first step's loss."""
+    step, and whether it reaches ``SPIKE`` times the first step's loss."""
     window = losses[:2 * warmup_steps]
     step = max(range(len(window)), key=window.__getitem__)
     return {"first_loss": losses[0], "max_loss": window[step], "max_step": step,
@@ -54,8 +54,8 @@ def run_record(log: dict, transformer_log: dict | None = None) -> dict:
     cfg = log["train_config"]
     return {"lr": cfg["lr"], "warmup_steps": cfg["warmup_steps"], "last_step": points[-1]["step"],
             "warmup": warmup_spike(log["history"]["train_loss"], cfg["warmup_steps"]), "layers": escapes(points),
-            "transformer_warmup": transformer_log and warmup_spike(transformer_log["history"]["train_loss"],
-                                                                   transformer_log["train_config"]["warmup_steps"])}
+            "transformer_warmup": None if transformer_log is None else warmup_spike(
+                transformer_log["history"]["train_loss"], transformer_log["train_config"]["warmup_steps"])}
 
 
 def paired_transformer(run: Path) -> Path:
@@ -103,8 +103,10 @@ def main(argv: list[str] | None = None) -> int:
             beside = paired_transformer(run) / "train_log.json"
             records[name] = run_record(json.loads((run / "train_log.json").read_text()),
                                        json.loads(beside.read_text()) if beside.is_file() else None)
-        except (OSError, ValueError, KeyError) as error:
+        except (OSError, ValueError) as error:
             sys.exit(f"lambda_escape.py: {run}: {error}")
+        except KeyError as error:
+            sys.exit(f"lambda_escape.py: {run}: not a train log (no {error})")
     print(escape_table(records))
     if args.out:
         atomic_write_text(args.out, dump_json(records))

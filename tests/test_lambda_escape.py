@@ -48,6 +48,9 @@ def test_a_warmup_without_a_spike_and_a_log_without_lambda(tmp_path):
     (run / "train_log.json").write_text(json.dumps(log))
     with pytest.raises(SystemExit, match=r"lambda_escape.py: .*transformer: no tracked λ"):
         escape.main([str(run)])
+    (run / "train_log.json").write_text(json.dumps({"history": {}}))
+    with pytest.raises(SystemExit, match=r"lambda_escape.py: .*transformer: not a train log \(no 'outliers'\)"):
+        escape.main([str(run)])
 
 
 @pytest.mark.parametrize("diff, transformer", [("diff", "transformer"), ("diff-lr1e-2-s3", "transformer-lr1e-2-s3")])
