@@ -14,11 +14,10 @@ second map; λ < 0 adds it (``study.gate.lambda_ranges``).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
-from diffquant.io import atomic_write_text, dump_json
+from diffquant.io import atomic_write_text, dump_json, read_json_file
 from diffquant.tables import render
 
 CAMPAIGN = Path(__file__).resolve().parent / "campaign"
@@ -101,9 +100,9 @@ def main(argv: list[str] | None = None) -> int:
         name = run_name(run)
         try:
             beside = paired_transformer(run) / "train_log.json"
-            records[name] = run_record(json.loads((run / "train_log.json").read_text()),
-                                       json.loads(beside.read_text()) if beside.is_file() else None)
-        except (OSError, ValueError) as error:
+            records[name] = run_record(read_json_file(run / "train_log.json"),
+                                       read_json_file(beside) if beside.is_file() else None)
+        except ValueError as error:  # read_json_file: a missing, damaged or invalid file, said in one line
             sys.exit(f"lambda_escape.py: {run}: {error}")
         except KeyError as error:
             sys.exit(f"lambda_escape.py: {run}: not a train log (no {error})")
