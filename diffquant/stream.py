@@ -17,7 +17,9 @@ For a streamed run every training token is new when it is seen, so memorisation 
 measured gap only says how much the last steps' stories are remembered.
 
 ``cache_dir`` keeps each drawn block as a ``.npy`` file (named by the stream's identity hash), so the second arm of
-a pair reads the blocks the first one drew instead of sampling them again.
+a pair reads the blocks the first one drew instead of sampling them again. Arms that reach a block together draw
+it once: the one that claims the block's lock file draws it, the others draw the next block meanwhile and then read
+this one (a lock left by a process that died is taken over).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ import hashlib
 import json
 import logging
 import math
+import os
+import socket
 import time
 from pathlib import Path
 
@@ -43,6 +47,8 @@ DEFAULT_DRAW_BATCH = 256
 DEFAULT_MAX_LEN = 512  # stories up to 512 tokens, as `diffquant sample` draws them (stories260K's training context)
 STREAMED_NOTE = "streamed: none by construction"
 CHECK_STEPS = 8  # the memorisation check's training windows: the batches of this many evenly spread steps
+LOCK_POLL_SECONDS = 1.0  # how often an arm waiting for another's block looks for it
+STALE_LOCK_SECONDS = 3600.0  # a block takes about a minute to draw on one CPU core: an older lock was abandoned
 
 
 def stream_seed(purpose: str, seed: int, index: int) -> int:
@@ -128,16 +134,49 @@ class TokenStream:
         """The windows of block ``index`` (windows_per_block rows), drawn or read from the cache."""
         if index in self._blocks:
             return self._blocks[index]
-        path = self.cache_dir / f"stream-{self.identity_sha256[:16]}-{index:07d}.npy" if self.cache_dir else None
-        windows = self._cached(path) if path is not None and path.is_file() else None
-        if windows is None:
+        if self.cache_dir is None:
             windows = self.draw_windows("train", index, self.windows_per_block)
-            if path is not None:
-                with atomic_path(path) as tmp:
-                    np.save(tmp, windows.astype(np.uint16 if self.vocab_size <= 1 << 16 else np.int32))
+        else:
+            windows = self._shared_block(index)
         self._blocks = {i: w for i, w in self._blocks.items() if i == index - 1}
         self._blocks[index] = windows
         return windows
+
+    def _cache_path(self, index: int) -> Path:
+        return self.cache_dir / f"stream-{self.identity_sha256[:16]}-{index:07d}.npy"
+
+    def _shared_block(self, index: int) -> np.ndarray:
+        """Block ``index`` through the cache, drawn once by the processes sharing it: while another one draws it,
+        this one draws the next block (so that neither core idles), then waits for it."""
+        path, drew_ahead = self._cache_path(index), False
+        while True:
+            windows = self._cached(path) if path.is_file() else None
+            if windows is None:
+                windows = self._draw_to_cache(index)
+            if windows is not None:
+                return windows
+            if not drew_ahead and not self._cache_path(index + 1).is_file():
+                self._draw_to_cache(index + 1)
+            else:
+                self._wait_for_other()
+            drew_ahead = True
+
+    def _draw_to_cache(self, index: int) -> np.ndarray | None:
+        """Draw block ``index`` into the cache under its lock; None while another live process holds the lock."""
+        path = self._cache_path(index)
+        lock = path.with_name(path.name + ".lock")
+        if not _claim(lock):
+            return None
+        try:
+            windows = self.draw_windows("train", index, self.windows_per_block)
+            with atomic_path(path) as tmp:
+                np.save(tmp, windows.astype(np.uint16 if self.vocab_size <= 1 << 16 else np.int32))
+            return windows
+        finally:
+            lock.unlink(missing_ok=True)
+
+    def _wait_for_other(self) -> None:
+        time.sleep(LOCK_POLL_SECONDS)
 
     def _cached(self, path: Path) -> np.ndarray | None:
         """A cached block, or None where the file is not one of this stream's blocks (truncated, another shape,
@@ -178,6 +217,46 @@ class TokenStream:
         if n_windows not in self._fresh:
             self._fresh[n_windows] = self.draw_windows("fresh", 0, n_windows)
         return self._fresh[n_windows]
+
+
+def _claim(lock: Path) -> bool:
+    """Create ``lock`` naming this host and process; False while a live process holds it (one that died, or a lock
+    older than STALE_LOCK_SECONDS, is taken over)."""
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            if _lock_held(lock):
+                return False
+            lock.unlink(missing_ok=True)
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{socket.gethostname()} {os.getpid()}\n")
+        return True
+    return False
+
+
+def _lock_held(lock: Path) -> bool:
+    """Whether ``lock`` still stands for a process drawing its block."""
+    try:
+        age = time.time() - lock.stat().st_mtime
+        host, pid = lock.read_text().split()
+        pid = int(pid)
+    except FileNotFoundError:
+        return False
+    except ValueError:  # being written this instant, or left half-written long ago
+        return age < STALE_LOCK_SECONDS
+    if age >= STALE_LOCK_SECONDS:
+        return False
+    if host != socket.gethostname() or pid <= 0:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
 
 
 def check_steps(total_steps: int, count: int = CHECK_STEPS) -> list[int]:

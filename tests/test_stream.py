@@ -2,6 +2,9 @@
 check against a float64 reference."""
 
 import math
+import os
+import socket
+import subprocess
 
 import numpy as np
 import pytest
@@ -68,6 +71,55 @@ def test_a_stream_cache_serves_the_drawn_block(tmp_path):
     second = make_stream(cache_dir=tmp_path)
     np.testing.assert_array_equal(second.windows_at(1), drawn)
     assert second.tokens_drawn == 0
+    assert not list(tmp_path.glob("*.lock"))
+
+
+def lock_of(stream, index):
+    path = stream._cache_path(index)
+    return path, path.with_name(path.name + ".lock")
+
+
+def test_a_block_another_arm_is_drawing_is_read_and_the_next_one_drawn_meanwhile(tmp_path, monkeypatch):
+    reference = make_stream()
+    arm = make_stream(cache_dir=tmp_path)
+    path, lock = lock_of(arm, 1)
+    holder = subprocess.Popen(["sleep", "60"])  # the other arm, alive, drawing block 1
+    lock.write_text(f"{socket.gethostname()} {holder.pid}\n")
+    waits = []
+
+    def other_arm_finishes():
+        waits.append(len(waits))
+        np.save(path, reference.block(1).astype(np.uint16))
+        lock.unlink()
+
+    monkeypatch.setattr(arm, "_wait_for_other", other_arm_finishes)
+    try:
+        np.testing.assert_array_equal(arm.block(1), reference.block(1))
+    finally:
+        holder.kill()
+        holder.wait()
+    assert waits == [0]
+    np.testing.assert_array_equal(np.load(arm._cache_path(2)), reference.block(2))
+    only_block_2 = make_stream()
+    only_block_2.block(2)
+    assert arm.tokens_drawn == only_block_2.tokens_drawn  # block 1 was not drawn twice
+    assert not list(tmp_path.glob("*.lock"))
+
+
+@pytest.mark.parametrize("left_by", ["a process that died", "another host, hours ago"])
+def test_a_lock_left_behind_is_taken_over(tmp_path, left_by, monkeypatch):
+    arm = make_stream(cache_dir=tmp_path)
+    monkeypatch.setattr(arm, "_wait_for_other", lambda: pytest.fail("waited for a lock nobody holds"))
+    path, lock = lock_of(arm, 0)
+    if left_by == "a process that died":
+        gone = subprocess.Popen(["true"])
+        gone.wait()
+        lock.write_text(f"{socket.gethostname()} {gone.pid}\n")
+    else:
+        lock.write_text(f"elsewhere-{socket.gethostname()} 1\n")
+        os.utime(lock, (0, 0))
+    np.testing.assert_array_equal(arm.block(0), make_stream().block(0))
+    assert path.is_file() and not lock.exists()
 
 
 @pytest.mark.parametrize("spoil", ["truncate", "reshape", "out_of_vocab"])
