@@ -14,7 +14,7 @@ from diffquant.checkpoint.gguf import stories260k_path
 from diffquant.cli import main
 from diffquant.config import ModelConfig
 from diffquant.model import build_model
-from diffquant.sample import sample_stories
+from diffquant.sample import sample_corpus, sample_stories
 from diffquant.stream import TokenStream, check_steps, memorisation_check, stream_seed
 from diffquant.train import TrainConfig, train
 
@@ -29,6 +29,14 @@ def make_stream(seed=0, batch_size=BATCH, **kw) -> TokenStream:
 @pytest.fixture(scope="module")
 def stream():
     return make_stream()
+
+
+@pytest.fixture(scope="module")
+def small_corpus(tmp_path_factory):
+    """A teacher corpus of its own, so that no test depends on the campaign's parked one being restored."""
+    out = tmp_path_factory.mktemp("corpus")
+    sample_corpus(stories260k_path(), out, tokens=4096, batch_size=32, max_len=64, shard_tokens=4096, progress=False)
+    return out
 
 
 def test_windows_are_the_exact_samplers_stories_cut_in_order(stream):
@@ -264,11 +272,10 @@ def test_memorisation_table_counts_a_shared_arm_once_and_keeps_streamed_rows_apa
                     ["xs", "400 @ lr 3e-3", "streamed", "—", "2 of 2", "-0.001, -0.004 … +0.002", "0.006"]]
 
 
-def test_cli_corpus_run_with_a_teacher_logs_its_memorisation_check(tmp_path, capsys):
+def test_cli_corpus_run_with_a_teacher_logs_its_memorisation_check(tmp_path, capsys, small_corpus):
     import json
-    from pathlib import Path
 
-    corpus = Path(__file__).resolve().parents[1] / "experiments" / "corpus" / "stories260k-s0"
+    corpus = small_corpus
     out = tmp_path / "run"
     assert main(["train", "--arch", "transformer", "--preset", "xs", "--tokens", "1024", "--batch-size", "4",
                  "--seq-len", "32", "--warmup-steps", "2", "--eval-tokens", "256", "--threads", "1",
@@ -281,7 +288,7 @@ def test_cli_corpus_run_with_a_teacher_logs_its_memorisation_check(tmp_path, cap
     assert "streamed" not in log["data"] and log["data"]["corpus"] == str(corpus)
 
 
-def test_memorisation_measured_after_training_equals_the_check_training_logs(tmp_path):
+def test_memorisation_measured_after_training_equals_the_check_training_logs(tmp_path, small_corpus):
     """experiments/memorisation.py on a corpus run trained without a teacher gives the check that the same run,
     trained with --teacher, logged; gate.md reads it from beside the log."""
     import json
@@ -294,7 +301,7 @@ def test_memorisation_measured_after_training_equals_the_check_training_logs(tmp
     repo = Path(__file__).resolve().parents[1]
     train = ["train", "--arch", "diff", "--preset", "xs", "--tokens", "1024", "--batch-size", "4", "--seq-len", "32",
              "--warmup-steps", "2", "--eval-tokens", "256", "--threads", "1", "--seed", "3",
-             "--data", str(repo / "experiments" / "corpus" / "stories260k-s0")]
+             "--data", str(small_corpus)]
     teacher = str(stories260k_path())
     assert main([*train, "--teacher", teacher, "--stream-block-tokens", "256", "--out", str(tmp_path / "logged")]) == 0
     assert main([*train, "--out", str(tmp_path / "plain")]) == 0
