@@ -26,9 +26,11 @@ def run_script(tmp_path: Path, script: str, fake_train: str = FAKE_TRAIN, **env:
     fake, calls = tmp_path / "dq", tmp_path / "calls"
     fake.write_text(fake_train)
     fake.chmod(0o755)
-    script_vars = ("EXTRA", "ARMS", "TOKENS", "SEED", "PRESET", "LR", "UNTIL", "BRANCHES", "THREADS", "TEACHER")
+    script_vars = ("EXTRA", "ARMS", "TOKENS", "SEED", "PRESET", "LR", "UNTIL", "BRANCHES", "THREADS", "TEACHER",
+                   "CORPUS")
     base = {k: v for k, v in os.environ.items() if k not in script_vars}
-    env = {**base, "DQ": str(fake), "CALLS": str(calls), "RUN": str(tmp_path / "run"), **env}
+    corpus = tmp_path / "corpus"  # not the campaign's: its parked shards would be restored into the tree
+    env = {**base, "DQ": str(fake), "CALLS": str(calls), "RUN": str(tmp_path / "run"), "CORPUS": str(corpus), **env}
     subprocess.run(["bash", str(CAMPAIGN / script)], env=env, check=True, capture_output=True)
     return [shlex.split(line) for line in calls.read_text().splitlines()]
 
@@ -212,4 +214,4 @@ def test_streamed_pair_trains_and_cools_on_fresh_teacher_stories_sharing_one_cac
 
 def test_corpus_runs_keep_the_cycled_corpus(tmp_path):
     calls = run_script(tmp_path, "ablation.sh", ABLATION="lambda0.8")
-    assert all(option(c, "--data") == "experiments/corpus/stories260k-s0" and "--teacher" not in c for c in calls)
+    assert all(option(c, "--data") == str(tmp_path / "corpus") and "--teacher" not in c for c in calls)
