@@ -2,8 +2,8 @@
 # Issue 37's s pair on fresh data: budget.sh (each arm to the branch step UNTIL, default 4,096 = 33.6M tokens, then
 # its cooldown to 5/4 of it) with every step's stories drawn fresh from the teacher instead of the cycled corpus,
 # otherwise exactly run 3's protocol (long.sh: lr 3e-3, batch 16 × 512, constant after warm-up, branches every
-# 4,096 steps). The first arm to reach a block draws it into RUN/stream-cache (ignored by git, 2 bytes a token); the
-# other reads it, so start the faster-sampling arm first. Resumable like budget.sh.
+# 4,096 steps). Each block is drawn once into RUN/stream-cache (ignored by git, 2 bytes a token) and read by the
+# other arm; arms that reach one together share the drawing (diffquant/stream.py). Resumable like budget.sh.
 # Output: experiments/campaign/streamed/PRESET-lrLR-sSEED/ (PRESET default s, SEED 0, LR 3e-3).
 #   [ARMS=transformer] [UNTIL=12288] nohup bash experiments/campaign/streamed.sh > /dev/null 2>&1 &
 set -euo pipefail
