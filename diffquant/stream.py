@@ -224,7 +224,7 @@ def _claim(lock: Path) -> bool:
     older than STALE_LOCK_SECONDS, is taken over)."""
     for _ in range(2):
         try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
             if _lock_held(lock):
                 return False
