@@ -165,6 +165,7 @@ class TokenStream:
         """Draw block ``index`` into the cache under its lock; None while another live process holds the lock."""
         path = self._cache_path(index)
         lock = path.with_name(path.name + ".lock")
+        path.parent.mkdir(parents=True, exist_ok=True)
         if not _claim(lock):
             return None
         try:

@@ -72,6 +72,7 @@ def test_steps_purposes_and_seeds_draw_different_stories(stream):
 
 
 def test_a_stream_cache_serves_the_drawn_block(tmp_path):
+    tmp_path = tmp_path / "made on first use"
     first = make_stream(cache_dir=tmp_path)
     drawn = first.windows_at(1)
     files = list(tmp_path.glob("stream-*.npy"))
