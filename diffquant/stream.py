@@ -145,6 +145,10 @@ class TokenStream:
     def _cache_path(self, index: int) -> Path:
         return self.cache_dir / f"stream-{self.identity_sha256[:16]}-{index:07d}.npy"
 
+    def _lock_path(self, index: int) -> Path:
+        path = self._cache_path(index)
+        return path.with_name(path.name + ".lock")
+
     def _shared_block(self, index: int) -> np.ndarray:
         """Block ``index`` through the cache, drawn once by the processes sharing it: while another one draws it,
         this one draws the next block (so that neither core idles), then waits for it."""
@@ -163,8 +167,7 @@ class TokenStream:
 
     def _draw_to_cache(self, index: int) -> np.ndarray | None:
         """Draw block ``index`` into the cache under its lock; None while another live process holds the lock."""
-        path = self._cache_path(index)
-        lock = path.with_name(path.name + ".lock")
+        path, lock = self._cache_path(index), self._lock_path(index)
         path.parent.mkdir(parents=True, exist_ok=True)
         if not _claim(lock):
             return None

@@ -84,8 +84,7 @@ def test_a_stream_cache_serves_the_drawn_block(tmp_path):
 
 
 def lock_of(stream, index):
-    path = stream._cache_path(index)
-    return path, path.with_name(path.name + ".lock")
+    return stream._cache_path(index), stream._lock_path(index)
 
 
 def test_a_block_another_arm_is_drawing_is_read_and_the_next_one_drawn_meanwhile(tmp_path, monkeypatch):
