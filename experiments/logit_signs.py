@@ -34,11 +34,21 @@ SEQ_LEN = 512  # the verdicts' profile windows (experiments/campaign/verdicts.py
 
 def signed_values(model, ids: torch.Tensor, locations: list[dict]) -> list[dict]:
     """At each location (``sequence`` indexes windows of SEQ_LEN tokens): the signed attention logit, the weight
-    its map's causal softmax row gives the key and, for Diff, the other map's logit there."""
+    its map's causal softmax row gives the key and, for Diff, the other map's logit there. Puts ``model`` in eval
+    mode on the eager path (load one for this)."""
     model.eval().set_attn_impl("eager")
     captured: dict[int, torch.Tensor] = {}
-    for i, layer in enumerate(model.layers):
-        layer.attn.logits.register_forward_hook(lambda m, args, out, i=i: captured.__setitem__(i, out.detach()))
+    hooks = [layer.attn.logits.register_forward_hook(lambda m, args, out, i=i: captured.__setitem__(i, out.detach()))
+             for i, layer in enumerate(model.layers)]
+    try:
+        return _read_locations(model, ids, locations, captured)
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
+def _read_locations(model, ids: torch.Tensor, locations: list[dict], captured: dict) -> list[dict]:
+    """Runs each window holding a location and reads it from the logits the hooks put in ``captured``."""
     values = []
     with torch.no_grad():
         for seq in sorted({loc["sequence"] for loc in locations}):
@@ -59,7 +69,7 @@ def signed_values(model, ids: torch.Tensor, locations: list[dict]) -> list[dict]
 
 def summary(locations: list[dict], values: list[dict]) -> dict:
     """How many of the located logits are negative, where they sit and what they do to their softmax rows."""
-    sites = Counter("L{layer} h{head}".format(**loc) + (f" map {loc['map'] + 1}" if "map" in loc else "")
+    sites = Counter(f"L{loc['layer']} h{loc['head']}" + (f" map {loc['map'] + 1}" if "map" in loc else "")
                     for loc in locations)
     out = {"negative": sum(v["value"] < 0 for v in values), "of": len(values), "sites": dict(sites.most_common()),
            "median_distance": statistics.median(v["distance"] for v in values),
